@@ -1,0 +1,55 @@
+"""ptl_rl: composable experience pipelines that feed PyTorch Lightning.
+
+    ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler -> to_dataloader
+"""
+
+from ptl_rl.agents import DQNAgent, PolicyAgent, TargetNet, obs_to_tensor
+from ptl_rl.batch import CORE_FIELDS, TorchBatch, TransitionBatch
+from ptl_rl.buffers import ArrayStorage, ReplayBuffer
+from ptl_rl.evaluation import evaluate
+from ptl_rl.lightning import (
+    EnvStepLimit,
+    EpisodeStatsLogger,
+    PipelineDataset,
+    RLDataModule,
+    find_stage,
+    load_pipeline_state_dict,
+    pipeline_stages,
+    pipeline_state_dict,
+    to_dataloader,
+)
+from ptl_rl.nstep import NStepTransform
+from ptl_rl.sampler import BatchSampler
+from ptl_rl.selectors import ArgmaxSelector, EpsilonGreedySelector, LinearSchedule
+from ptl_rl.source import Episode, ExperienceSource
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CORE_FIELDS",
+    "ArgmaxSelector",
+    "ArrayStorage",
+    "BatchSampler",
+    "DQNAgent",
+    "EnvStepLimit",
+    "Episode",
+    "EpisodeStatsLogger",
+    "EpsilonGreedySelector",
+    "ExperienceSource",
+    "LinearSchedule",
+    "NStepTransform",
+    "PipelineDataset",
+    "PolicyAgent",
+    "RLDataModule",
+    "ReplayBuffer",
+    "TargetNet",
+    "TorchBatch",
+    "TransitionBatch",
+    "evaluate",
+    "find_stage",
+    "load_pipeline_state_dict",
+    "obs_to_tensor",
+    "pipeline_stages",
+    "pipeline_state_dict",
+    "to_dataloader",
+]

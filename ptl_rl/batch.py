@@ -1,0 +1,191 @@
+"""The struct-of-arrays batch that flows between stages, and its torch twin.
+
+A batch maps field names to arrays that share a leading dimension ``B`` (one
+row per transition). A field is either an array or, for ``gymnasium.spaces.Dict``
+observations, a (possibly nested) dict of arrays. Agent extras (``log_prob``,
+``value``, a hidden state, ...) are ordinary fields next to the core ones.
+
+Core fields (see DESIGN.md): ``obs``, ``action``, ``reward`` (float32, [B]),
+``next_obs``, ``terminated`` and ``truncated`` (bool, [B]), ``discount``
+(float32, [B]), ``env_id`` (int64, [B]).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Union
+
+import numpy as np
+import torch
+
+CORE_FIELDS = (
+    "obs",
+    "action",
+    "reward",
+    "next_obs",
+    "terminated",
+    "truncated",
+    "discount",
+    "env_id",
+)
+
+ArrayTree = Union[np.ndarray, dict[str, "ArrayTree"]]
+TensorTree = Union[torch.Tensor, dict[str, "TensorTree"]]
+
+
+def tree_map(fn: Callable[..., Any], tree: Any, *others: Any) -> Any:
+    """Apply ``fn`` leaf-wise to ``tree`` (an array or nested dict of arrays).
+
+    ``others`` must have the same dict structure; their leaves are passed as
+    extra arguments.
+    """
+    if isinstance(tree, Mapping):
+        return {k: tree_map(fn, v, *(o[k] for o in others)) for k, v in tree.items()}
+    return fn(tree, *others)
+
+
+def tree_leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Yield ``(dotted_path, leaf)`` pairs of a nested dict in insertion order."""
+    if isinstance(tree, Mapping):
+        for k, v in tree.items():
+            yield from tree_leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    else:
+        yield prefix, tree
+
+
+def leading_dim(tree: Any) -> int:
+    """Length of the leading (batch) dimension of the first leaf."""
+    for _, leaf in tree_leaves(tree):
+        return int(leaf.shape[0])
+    raise ValueError("empty field: a batch field must hold at least one array")
+
+
+class _FieldBatch:
+    """Shared behaviour of the numpy and torch batches: attribute access to fields.
+
+    ``len(batch)`` is the number of transitions; ``batch.keys()`` the field names.
+    """
+
+    __slots__ = ("_fields",)
+
+    def __init__(self, fields: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        merged = dict(fields or {})
+        merged.update(kwargs)
+        object.__setattr__(self, "_fields", merged)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._fields[name]
+        except KeyError:
+            raise AttributeError(
+                f"{type(self).__name__} has no field {name!r}; fields are {sorted(self._fields)}"
+            ) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._fields[name] = value
+
+    def __getitem__(self, key: str) -> Any:
+        return self._fields[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._fields[key] = value
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._fields
+
+    def keys(self) -> Iterable[str]:
+        return self._fields.keys()
+
+    def items(self) -> Iterable[tuple[str, Any]]:
+        return self._fields.items()
+
+    def __len__(self) -> int:
+        """Number of transitions (rows) in the batch."""
+        for value in self._fields.values():
+            return leading_dim(value)
+        return 0
+
+    @property
+    def extras(self) -> dict[str, Any]:
+        """The fields that are not core fields (agent extras, ``indices``, ...)."""
+        return {k: v for k, v in self._fields.items() if k not in CORE_FIELDS}
+
+    def __repr__(self) -> str:
+        lines = [
+            f"  {path}: {tuple(leaf.shape)} {leaf.dtype}"
+            for name, value in self._fields.items()
+            for path, leaf in tree_leaves(value, name)
+        ]
+        return f"{type(self).__name__}(size={len(self)},\n" + "\n".join(lines) + "\n)"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self._fields
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        object.__setattr__(self, "_fields", state)
+
+
+class TransitionBatch(_FieldBatch):
+    """A struct-of-arrays batch of ``B`` transitions held in numpy arrays.
+
+    Index it with a string for a field (``batch["obs"]``), read fields as
+    attributes (``batch.reward``), and select rows with :meth:`rows`.
+    """
+
+    __slots__ = ()
+
+    def rows(self, index: np.ndarray | slice) -> TransitionBatch:
+        """A new batch with the rows ``index`` (bool mask, int indices or a slice)."""
+        return TransitionBatch({k: tree_map(lambda a: a[index], v) for k, v in self._fields.items()})
+
+    def to_torch(self, device: torch.device | str | None = None, pin_memory: bool = False) -> TorchBatch:
+        """Convert to a :class:`TorchBatch`.
+
+        Without ``device`` and ``pin_memory`` the tensors share memory with the
+        numpy arrays (zero copy). With ``pin_memory`` they are copied into
+        page-locked memory first, so that a later ``.to("cuda", non_blocking=True)``
+        overlaps with compute.
+        """
+
+        def convert(a: np.ndarray) -> torch.Tensor:
+            t = torch.from_numpy(np.ascontiguousarray(a) if not a.flags.writeable else a)
+            if pin_memory:
+                t = t.pin_memory()
+            if device is not None:
+                t = t.to(device, non_blocking=pin_memory)
+            return t
+
+        return TorchBatch({k: tree_map(convert, v) for k, v in self._fields.items()})
+
+    @staticmethod
+    def concat(batches: Iterable[TransitionBatch]) -> TransitionBatch:
+        """Concatenate batches with the same fields along the leading dimension."""
+        batches = list(batches)
+        if len(batches) == 1:
+            return batches[0]
+        first = batches[0]
+        return TransitionBatch(
+            {k: tree_map(lambda *leaves: np.concatenate(leaves), first[k], *(b[k] for b in batches[1:])) for k in first}
+        )
+
+
+class TorchBatch(_FieldBatch):
+    """The torch twin of :class:`TransitionBatch`: the object ``training_step`` receives.
+
+    Fields are tensors with the same names and shapes as the numpy batch
+    (``batch.obs``, ``batch.reward``, ...). It has a ``to(device)`` method, so
+    Lightning moves it to the module's device by itself.
+    """
+
+    __slots__ = ()
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> TorchBatch:
+        """A copy of the batch with every tensor moved to ``device``."""
+        moved = TorchBatch(
+            {k: tree_map(lambda t: t.to(device, non_blocking=non_blocking), v) for k, v in self._fields.items()}
+        )
+        return moved
+
+    def rows(self, index: torch.Tensor | slice) -> TorchBatch:
+        """A new batch with the rows ``index``."""
+        return TorchBatch({k: tree_map(lambda t: t[index], v) for k, v in self._fields.items()})

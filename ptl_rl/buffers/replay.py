@@ -1,0 +1,96 @@
+"""ReplayBuffer: uniform experience replay, usable as a pipeline stage or on its own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ptl_rl.batch import TransitionBatch
+from ptl_rl.buffers.storage import ArrayStorage
+
+
+class ReplayBuffer:
+    """Uniform replay over a preallocated ring of transitions.
+
+    As a pipeline stage, each ``next()`` pulls at least ``transitions_per_yield``
+    transitions from ``upstream`` into the buffer (the first one also waits
+    until ``warmup`` transitions are stored) and yields the buffer itself, for a
+    :class:`~ptl_rl.sampler.BatchSampler` to draw from. With one sampled batch
+    per yield, the replay ratio is ``batch_size / transitions_per_yield``
+    sampled transitions per collected one.
+
+    On its own it is a plain buffer: :meth:`add`, :meth:`sample`, ``len()``.
+
+    Args:
+        upstream: iterator of :class:`TransitionBatch` (e.g. an
+            :class:`~ptl_rl.nstep.NStepTransform`), or ``None``.
+        capacity: number of transitions kept; the oldest are overwritten.
+        warmup: transitions stored before the first yield (``<= capacity``).
+        transitions_per_yield: transitions pulled from upstream per yield (>= 1).
+        seed: seed of the sampling generator.
+    """
+
+    def __init__(
+        self,
+        upstream: Iterator[TransitionBatch] | None = None,
+        capacity: int = 100_000,
+        *,
+        warmup: int = 1_000,
+        transitions_per_yield: int = 1,
+        seed: int | None = None,
+    ) -> None:
+        self.storage = ArrayStorage(capacity)
+        if not 0 <= warmup <= capacity:
+            raise ValueError(f"warmup must be in [0, capacity={capacity}], got {warmup}")
+        if transitions_per_yield < 1:
+            raise ValueError(f"transitions_per_yield must be >= 1, got {transitions_per_yield}")
+        self.upstream = upstream
+        self.capacity = self.storage.capacity
+        self.warmup = int(warmup)
+        self.transitions_per_yield = int(transitions_per_yield)
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return len(self.storage)
+
+    # ------------------------------------------------------------------ stage
+    def __iter__(self) -> ReplayBuffer:
+        return self
+
+    def __next__(self) -> ReplayBuffer:
+        if self.upstream is None:
+            raise TypeError("this ReplayBuffer has no upstream to pull from; use add() and sample()")
+        pulled = 0
+        while pulled < self.transitions_per_yield or len(self) < self.warmup:
+            pulled += len(self.add(next(self.upstream)))
+        return self
+
+    # ------------------------------------------------------------------ buffer
+    def add(self, batch: TransitionBatch) -> np.ndarray:
+        """Store the ``B`` transitions of ``batch``; returns their slots (int64 [B])."""
+        return self.storage.add(batch)
+
+    def sample(self, batch_size: int) -> TransitionBatch:
+        """``batch_size`` transitions drawn uniformly with replacement, as numpy arrays [batch_size, ...]."""
+        self._check_batch_size(batch_size)
+        return self.storage.gather(self.rng.integers(0, len(self.storage), batch_size))
+
+    def _check_batch_size(self, batch_size: int) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if batch_size > len(self.storage):
+            raise ValueError(
+                f"cannot sample a batch of {batch_size} from a buffer holding {len(self.storage)} transitions "
+                f"(capacity {self.capacity}); set warmup >= {batch_size} so sampling starts later, or lower batch_size"
+            )
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Stored transitions (tensors), cursor and RNG state: plain containers, ``weights_only``-safe."""
+        return {"storage": self.storage.state_dict(), "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.storage.load_state_dict(state["storage"])
+        self.rng.bit_generator.state = state["rng"]

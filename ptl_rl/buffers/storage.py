@@ -1,0 +1,134 @@
+"""Preallocated ring storage of transitions: one numpy array per field (leaf)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ptl_rl.batch import TransitionBatch, tree_leaves, tree_map
+
+
+class ArrayStorage:
+    """A ring of ``capacity`` transitions, one preallocated array ``[capacity, *shape]`` per field.
+
+    The arrays are allocated from the first batch added (its fields, trailing
+    shapes and dtypes); every later batch must match them exactly, otherwise
+    :meth:`add` raises before writing anything, so no stored data is lost.
+    Slots are written in order and the oldest are overwritten when full.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if not isinstance(capacity, (int, np.integer)) or capacity < 1:
+            raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
+        self.capacity = int(capacity)
+        self.fields: dict[str, Any] | None = None
+        self._spec: list[tuple[str, str, np.dtype, tuple[int, ...]]] = []
+        self.cursor = 0  # next slot to write
+        self.size = 0
+        self.total_added = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    # ------------------------------------------------------------------ writing
+    def add(self, batch: TransitionBatch) -> np.ndarray:
+        """Copy the ``B`` rows of ``batch`` into the ring; returns the slots written (int64 [B'])."""
+        count = len(batch)
+        if self.fields is None:
+            self._allocate(batch)
+        self._validate(batch)
+        if count == 0:
+            return np.zeros(0, dtype=np.int64)
+        skip = max(0, count - self.capacity)  # only the newest `capacity` rows can survive
+        count -= skip
+        start = self.cursor
+        first = min(count, self.capacity - start)
+        for name, value in batch.items():
+            _write(self.fields[name], value, start, first, skip, count)
+        self.cursor = (start + count) % self.capacity
+        self.size = min(self.size + count, self.capacity)
+        self.total_added += count + skip
+        return (start + np.arange(count)) % self.capacity
+
+    def _allocate(self, batch: TransitionBatch) -> None:
+        self.fields = {
+            name: tree_map(lambda a: np.zeros((self.capacity, *a.shape[1:]), dtype=a.dtype), value)
+            for name, value in batch.items()
+        }
+        self._spec = [
+            (name, path, leaf.dtype, leaf.shape[1:])
+            for name, value in self.fields.items()
+            for path, leaf in tree_leaves(value)
+        ]
+
+    def _validate(self, batch: TransitionBatch) -> None:
+        if batch.keys() != self.fields.keys():
+            missing = sorted(set(self.fields) - set(batch.keys()))
+            extra = sorted(set(batch.keys()) - set(self.fields))
+            raise ValueError(
+                f"batch fields differ from the stored ones: missing {missing}, unexpected {extra}. "
+                "Every batch added to one buffer must carry the same fields (and agent extras)."
+            )
+        size = len(batch)
+        for name, path, dtype, shape in self._spec:
+            leaf = batch[name]
+            if path != name:
+                for key in path.split(".")[1:]:
+                    leaf = leaf[key]
+            if leaf.dtype != dtype or leaf.shape[1:] != shape or leaf.shape[0] != size:
+                raise ValueError(
+                    f"field {path!r} has shape {leaf.shape} and dtype {leaf.dtype}; the buffer stores "
+                    f"[{size}, *{shape}] {dtype} (allocated from the first batch). "
+                    f"Cast it with .astype({dtype}) or reshape it before adding."
+                )
+
+    # ------------------------------------------------------------------ reading
+    def gather(self, indices: np.ndarray) -> TransitionBatch:
+        """The transitions at ``indices`` (int [B]) as a new batch (a copy)."""
+        return TransitionBatch({name: tree_map(lambda a: a.take(indices, axis=0), v) for name, v in self.fields.items()})
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Stored rows as tensors in slot order, plus the cursor (``weights_only``-safe)."""
+        if self.fields is None:
+            return {"capacity": self.capacity, "fields": None}
+        return {
+            "capacity": self.capacity,
+            "fields": {
+                name: tree_map(lambda a: torch.from_numpy(a[: self.size].copy()), v) for name, v in self.fields.items()
+            },
+            "cursor": self.cursor,
+            "size": self.size,
+            "total_added": self.total_added,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if int(state["capacity"]) != self.capacity:
+            raise ValueError(
+                f"state holds a buffer of capacity {state['capacity']}, this buffer has capacity {self.capacity}; "
+                "create the buffer with the checkpoint's capacity"
+            )
+        if state["fields"] is None:
+            self.fields, self.cursor, self.size, self.total_added = None, 0, 0, 0
+            return
+        rows = TransitionBatch({name: tree_map(lambda t: t.numpy(), v) for name, v in state["fields"].items()})
+        self.fields = None
+        self._allocate(rows)
+        self.size = int(state["size"])
+        for name, value in rows.items():
+            _write(self.fields[name], value, 0, self.size, 0, self.size)
+        self.cursor = int(state["cursor"])
+        self.total_added = int(state["total_added"])
+
+
+def _write(store: Any, value: Any, start: int, first: int, skip: int, count: int) -> None:
+    """Write ``value[skip:skip+count]`` at ring slots ``start..``, wrapping after ``first`` rows."""
+    if isinstance(store, dict):
+        for k in store:
+            _write(store[k], value[k], start, first, skip, count)
+        return
+    store[start : start + first] = value[skip : skip + first]
+    if first < count:
+        store[: count - first] = value[skip + first : skip + count]

@@ -1,0 +1,245 @@
+"""NStepTransform: folds 1-step transitions into n-step transitions, per env.
+
+One discount rule covers every episode end. For a window of steps
+``t .. t+k-1`` of one env (``k <= n``)::
+
+    reward   = sum_{i<k} gamma**i * r_{t+i}
+    discount = gamma**k
+    next_obs = next_obs_{t+k-1}
+
+A window is emitted when it holds ``n`` steps, or when its episode ends inside
+it: then every shorter tail window is emitted as well, carrying the
+``terminated`` / ``truncated`` flags of the last step. A learner's target is
+always ``reward + discount * (1 - terminated) * V(next_obs)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from ptl_rl.batch import TransitionBatch, tree_map
+
+# Fields that describe the end of a step rather than its start: they are not kept in the window.
+_STEP_END_FIELDS = ("next_obs", "terminated", "truncated", "discount", "env_id")
+
+
+class NStepTransform:
+    """Turn a stream of 1-step :class:`TransitionBatch` into n-step transitions.
+
+    Args:
+        upstream: an iterator of 1-step batches (an :class:`ExperienceSource`),
+            or ``None`` to use :meth:`fold` on recorded data.
+        n: window length, ``n >= 1``.
+        gamma: discount per step, in ``(0, 1]``.
+
+    Input rows may come from any number of envs (``env_id``, int64 >= 0) in any
+    interleaving; rows of the same env must arrive in time order. Fields other
+    than ``next_obs``, ``terminated``, ``truncated``, ``discount`` and ``env_id``
+    (``obs``, ``action``, agent extras) are taken from the first step of the
+    window; ``reward`` becomes the discounted sum (float32). The incoming
+    ``discount`` is replaced by ``gamma**k`` (float32).
+    """
+
+    def __init__(self, upstream: Iterator[TransitionBatch] | None, n: int, gamma: float) -> None:
+        if not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {n!r}")
+        if not 0.0 < gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+        self.upstream = upstream
+        self.n = int(n)
+        self.gamma = float(gamma)
+        k = np.arange(self.n)
+        # _fold[j, k] = gamma**(k - j) for k >= j: row j sums the window tail that starts at step j
+        self._fold = np.where(k[None, :] >= k[:, None], self.gamma ** (k[None, :] - k[:, None]), 0.0).astype(np.float32)
+        self._discounts = (self.gamma ** np.arange(self.n + 1)).astype(np.float32)
+        self._window: dict[str, Any] | None = None  # field -> [E, n, ...] arrays
+        self._last_next_obs: Any = None  # [E, ...], for flushing windows after a restore
+        self._head = np.zeros(0, dtype=np.int64)  # next write position per env
+        self._length = np.zeros(0, dtype=np.int64)  # steps held per env
+        self._flush_on_next = False
+
+    # ------------------------------------------------------------------ iteration
+    def __iter__(self) -> NStepTransform:
+        return self
+
+    def __next__(self) -> TransitionBatch:
+        if self.upstream is None:
+            raise TypeError("this NStepTransform has no upstream; call fold(batch) instead")
+        if self._flush_on_next:
+            self._flush_on_next = False
+            flushed = self.flush()
+            if flushed is not None:
+                return flushed
+        while True:
+            out = self.fold(next(self.upstream))
+            if out is not None:
+                return out
+
+    # ------------------------------------------------------------------ folding
+    def fold(self, batch: TransitionBatch) -> TransitionBatch | None:
+        """Add 1-step transitions and return the n-step transitions they complete (or ``None``)."""
+        if len(batch) == 0:
+            return None
+        env_id = np.asarray(batch["env_id"])
+        self._ensure_capacity(batch, int(env_id.max()) + 1)
+        if not self._unique(env_id):
+            return self._fold_in_order(batch, env_id)
+        return self._fold_unique(batch, env_id)
+
+    def flush(self) -> TransitionBatch | None:
+        """Emit every window still in flight as truncated (bootstrap from its last ``next_obs``).
+
+        Use at the end of a recorded trajectory that stops mid-episode. The
+        windows are then empty.
+        """
+        if self._window is None:
+            return None
+        envs = np.flatnonzero(self._length > 0)
+        if len(envs) == 0:
+            return None
+        zeros = np.zeros(len(envs), dtype=bool)
+        ends = {
+            "next_obs": tree_map(lambda a: a[envs], self._last_next_obs),
+            "terminated": zeros,
+            "truncated": ~zeros,
+        }
+        out = self._emit(envs, self._length[envs], np.ones(len(envs), dtype=bool), ends)
+        self._length[envs] = 0
+        return out
+
+    def _fold_unique(self, batch: TransitionBatch, env: np.ndarray) -> TransitionBatch | None:
+        n = self.n
+        head = self._head[env]
+        for name, store in self._window.items():
+            _assign(store, (env, head), batch[name])
+        _assign(self._last_next_obs, env, batch["next_obs"])
+        self._head[env] = (head + 1) % n
+        length = self._length[env] + 1
+        self._length[env] = length
+
+        done = batch["terminated"] | batch["truncated"]
+        emit = done | (length == n)
+        if not emit.any():
+            return None
+        if not emit.all():
+            env, length, done = env[emit], length[emit], done[emit]
+            rows = np.flatnonzero(emit)
+            ends = {k: tree_map(lambda a: a[rows], batch[k]) for k in ("next_obs", "terminated", "truncated")}
+        else:
+            ends = {k: batch[k] for k in ("next_obs", "terminated", "truncated")}
+        out = self._emit(env, length, done, ends)
+        # a full window drops its oldest step; an ended episode empties its window
+        self._length[env] = np.where(done, 0, length - 1)
+        return out
+
+    def _emit(self, env: np.ndarray, length: np.ndarray, whole: np.ndarray, ends: dict[str, Any]) -> TransitionBatch:
+        """Emit windows of the envs ``env`` holding ``length`` steps each.
+
+        Where ``whole`` is true every tail window is emitted (an episode end);
+        elsewhere only the full oldest window.
+        """
+        n = self.n
+        k = np.arange(n)
+        oldest = (self._head[env] - length) % n
+        positions = (oldest[:, None] + k[None, :]) % n  # [R, n] window positions, oldest first
+        rewards = self._window["reward"][env[:, None], positions]
+        rewards = np.where(k[None, :] < length[:, None], rewards, 0.0)
+        tail_sums = rewards @ self._fold.T  # [R, n]: sum of the window tail starting at j
+        take = np.where(whole[:, None], k[None, :] < length[:, None], k[None, :] == 0)
+        row, start = np.nonzero(take)
+        out: dict[str, Any] = {}
+        src_env, src_pos = env[row], positions[row, start]
+        for name, store in self._window.items():
+            out[name] = tree_map(lambda a: a[src_env, src_pos], store)
+        out["reward"] = tail_sums[row, start].astype(np.float32)
+        for name, value in ends.items():
+            out[name] = tree_map(lambda a: a[row], value)
+        out["discount"] = self._discounts[length[row] - start]
+        out["env_id"] = src_env
+        return TransitionBatch(out)
+
+    def _fold_in_order(self, batch: TransitionBatch, env_id: np.ndarray) -> TransitionBatch | None:
+        """Several rows of one env in one batch: fold them occurrence by occurrence, keeping time order."""
+        order = np.argsort(env_id, kind="stable")
+        sorted_ids = env_id[order]
+        group_start = np.searchsorted(sorted_ids, sorted_ids, side="left")
+        occurrence = np.empty(len(env_id), dtype=np.int64)
+        occurrence[order] = np.arange(len(env_id)) - group_start
+        outputs = []
+        for k in range(int(occurrence.max()) + 1):
+            rows = np.flatnonzero(occurrence == k)
+            out = self._fold_unique(batch.rows(rows), env_id[rows])
+            if out is not None:
+                outputs.append(out)
+        return TransitionBatch.concat(outputs) if outputs else None
+
+    def _unique(self, env_id: np.ndarray) -> bool:
+        if len(env_id) == 1:
+            return True
+        marks = self._scratch[: len(self._length)]
+        positions = np.arange(len(env_id))
+        marks[env_id] = positions
+        return bool((marks[env_id] == positions).all())
+
+    # ------------------------------------------------------------------ storage
+    def _ensure_capacity(self, batch: TransitionBatch, num_envs: int) -> None:
+        if self._window is None:
+            names = [name for name in batch.keys() if name not in _STEP_END_FIELDS]
+            self._window = {
+                name: tree_map(lambda a: np.zeros((0, self.n, *a.shape[1:]), dtype=a.dtype), batch[name])
+                for name in names
+            }
+            self._last_next_obs = tree_map(lambda a: np.zeros((0, *a.shape[1:]), dtype=a.dtype), batch["next_obs"])
+        if num_envs <= len(self._length):
+            return
+        size = max(num_envs, 2 * len(self._length))
+        grow = size - len(self._length)
+
+        def grown(a: np.ndarray) -> np.ndarray:
+            return np.concatenate([a, np.zeros((grow, *a.shape[1:]), dtype=a.dtype)])
+
+        self._window = {name: tree_map(grown, store) for name, store in self._window.items()}
+        self._last_next_obs = tree_map(grown, self._last_next_obs)
+        self._head = grown(self._head)
+        self._length = grown(self._length)
+        self._scratch = np.zeros(size, dtype=np.int64)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """In-flight windows as tensors. After a restore they are emitted as truncated on the next step,
+        because the environments (whose state is not checkpointed) start new episodes."""
+        if self._window is None:
+            return {"window": None}
+        to_t = lambda a: torch.from_numpy(a.copy())  # noqa: E731
+        return {
+            "window": {name: tree_map(to_t, store) for name, store in self._window.items()},
+            "last_next_obs": tree_map(to_t, self._last_next_obs),
+            "head": to_t(self._head),
+            "length": to_t(self._length),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["window"] is None:
+            self._window = None
+            self._head = np.zeros(0, dtype=np.int64)
+            self._length = np.zeros(0, dtype=np.int64)
+            return
+        to_np = lambda t: t.numpy().copy()  # noqa: E731
+        self._window = {name: tree_map(to_np, store) for name, store in state["window"].items()}
+        self._last_next_obs = tree_map(to_np, state["last_next_obs"])
+        self._head = to_np(state["head"])
+        self._length = to_np(state["length"])
+        self._scratch = np.zeros(len(self._length), dtype=np.int64)
+        self._flush_on_next = True
+
+
+def _assign(store: Any, index: Any, value: Any) -> None:
+    if isinstance(store, dict):
+        for k in store:
+            _assign(store[k], index, value[k])
+    else:
+        store[index] = value

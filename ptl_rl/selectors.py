@@ -1,0 +1,74 @@
+"""Action selectors (scores -> actions) and schedules driven by the env-step count."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+class LinearSchedule:
+    """``start`` at step 0, moving linearly to ``end`` at ``duration`` steps, then constant.
+
+    Call it with an env-step count: ``LinearSchedule(1.0, 0.05, 10_000)(5_000) == 0.525``.
+    """
+
+    def __init__(self, start: float, end: float, duration: int) -> None:
+        if duration < 0:
+            raise ValueError(f"duration must be >= 0, got {duration}")
+        self.start, self.end, self.duration = float(start), float(end), int(duration)
+
+    def __call__(self, step: int) -> float:
+        if self.duration == 0 or step >= self.duration:
+            return self.end
+        return self.start + (self.end - self.start) * step / self.duration
+
+
+Schedule = Callable[[int], float]
+
+
+class ArgmaxSelector:
+    """Greedy: ``scores`` float [N, A] -> actions int64 [N]."""
+
+    def __call__(self, scores: np.ndarray) -> np.ndarray:
+        return np.asarray(scores).argmax(axis=-1)
+
+    def on_env_steps(self, total_steps: int) -> None:
+        pass
+
+
+class EpsilonGreedySelector:
+    """With probability epsilon a uniform random action, else the argmax.
+
+    Args:
+        epsilon: a float, or a schedule ``env_steps -> epsilon`` such as
+            :class:`LinearSchedule`; the agent forwards the env-step count.
+        seed: seed of the exploration generator.
+
+    ``scores`` float [N, A] -> actions int64 [N].
+    """
+
+    def __init__(self, epsilon: float | Schedule = 0.1, seed: int | None = None) -> None:
+        self.schedule = epsilon if callable(epsilon) else (lambda _step, eps=float(epsilon): eps)
+        self.epsilon = self.schedule(0)
+        self.rng = np.random.default_rng(seed)
+
+    def on_env_steps(self, total_steps: int) -> None:
+        self.epsilon = self.schedule(total_steps)
+
+    def __call__(self, scores: np.ndarray) -> np.ndarray:
+        scores = np.asarray(scores)
+        actions = scores.argmax(axis=-1)
+        n, num_actions = scores.shape[0], scores.shape[-1]
+        explore = self.rng.random(n) < self.epsilon
+        if explore.any():
+            actions[explore] = self.rng.integers(0, num_actions, int(explore.sum()))
+        return actions
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.bit_generator.state, "epsilon": self.epsilon}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.epsilon = float(state["epsilon"])

@@ -1,0 +1,357 @@
+"""ExperienceSource: steps gymnasium environments with an agent and yields transition batches.
+
+The source is the first stage of a pipeline. It accepts a single
+``gymnasium.Env`` or a ``gymnasium.vector.VectorEnv`` (sync, async, or any
+object with that API), calls the agent once per vector step on the whole
+batch of observations, and yields a :class:`~ptl_rl.batch.TransitionBatch`
+of the 1-step transitions of that step.
+
+All three gymnasium autoreset modes are handled so that no transition spans a
+reset and ``next_obs`` is always the real final observation of an episode:
+
+* next-step (gymnasium's default): the step after an episode end only resets
+  that sub-env; its row is dropped from the batch.
+* same-step: the final observation is taken from ``info["final_obs"]``.
+* disabled: the source resets finished sub-envs itself with ``reset_mask``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ptl_rl.batch import CORE_FIELDS, TransitionBatch, tree_leaves, tree_map
+
+NEXT_STEP, SAME_STEP, DISABLED = "NextStep", "SameStep", "Disabled"
+_AUTORESET_MODES = (NEXT_STEP, SAME_STEP, DISABLED)
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A finished episode: its undiscounted return, length, env and the env-step count at its end."""
+
+    ret: float
+    length: int
+    env_id: int
+    total_steps: int
+
+
+def _is_vector_env(env: Any) -> bool:
+    return hasattr(env, "num_envs") and hasattr(env, "single_observation_space")
+
+
+def _check_env_api(env: Any) -> None:
+    missing = [name for name in ("reset", "step", "observation_space", "action_space") if not hasattr(env, name)]
+    if missing:
+        raise TypeError(
+            f"ExperienceSource needs a gymnasium.Env or gymnasium.vector.VectorEnv, got {type(env).__name__} "
+            f"(missing {', '.join(missing)}). Create one with gymnasium.make(...) or gymnasium.make_vec(...)."
+        )
+
+
+def _autoreset_mode_of(env: Any, override: str | None) -> str:
+    mode = override if override is not None else getattr(env, "metadata", {}).get("autoreset_mode", NEXT_STEP)
+    mode = getattr(mode, "value", mode)  # gymnasium.vector.AutoresetMode or its string value
+    if mode not in _AUTORESET_MODES:
+        raise ValueError(f"unknown autoreset mode {mode!r}; expected one of {_AUTORESET_MODES}")
+    return mode
+
+
+def _to_numpy(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    if isinstance(x, Mapping):
+        return {k: _to_numpy(v) for k, v in x.items()}
+    return np.asarray(x)
+
+
+def _copy_tree(tree: Any) -> Any:
+    return tree_map(np.array, tree)
+
+
+def _set_row(tree: Any, row: int, value: Any) -> None:
+    if isinstance(tree, Mapping):
+        for k in tree:
+            _set_row(tree[k], row, value[k])
+    else:
+        tree[row] = value
+
+
+class ExperienceSource:
+    """Steps ``env`` with ``agent`` and yields one :class:`TransitionBatch` per vector step.
+
+    Args:
+        env: a ``gymnasium.Env`` (treated as one sub-env) or a
+            ``gymnasium.vector.VectorEnv`` with ``N = env.num_envs`` sub-envs.
+        agent: a callable ``obs -> actions`` or ``obs -> (actions, extras)``.
+            ``obs`` always has a leading dimension ``N`` (also for a single
+            env); ``actions`` must have shape ``[N, *single_action_space.shape]``
+            and each extra a leading dimension ``N``. Optional hooks, used when
+            present: ``agent.reset_state(mask: bool[N])`` is called before the
+            agent first sees a new episode's observation (recurrent state), and
+            ``agent.on_env_steps(total_steps: int)`` after each step (schedules).
+        gamma: the ``discount`` of the 1-step transitions this source yields
+            (an :class:`~ptl_rl.nstep.NStepTransform` downstream recomputes it).
+        seed: sub-env ``i`` is reset with seed ``seed + rank * N + i`` at the
+            first step; ``None`` leaves the envs unseeded.
+        rank: index of this source among several (DDP rank or remote worker);
+            it offsets both the seeds and ``env_id``.
+        autoreset_mode: ``"NextStep"``, ``"SameStep"`` or ``"Disabled"``;
+            read from ``env.metadata["autoreset_mode"]`` when omitted.
+        stats_window: how many recent episodes :meth:`episode_stats` averages.
+
+    Each yielded batch has ``B <= N`` rows (a sub-env that is only resetting
+    contributes none) with fields ``obs [B, *obs_shape]``, ``action
+    [B, *action_shape]``, ``reward`` float32 [B], ``next_obs``, ``terminated``
+    and ``truncated`` bool [B], ``discount`` float32 [B] (= gamma), ``env_id``
+    int64 [B], plus the agent's extras.
+    """
+
+    def __init__(
+        self,
+        env: Any,
+        agent: Callable[[Any], Any],
+        *,
+        gamma: float = 0.99,
+        seed: int | None = None,
+        rank: int = 0,
+        autoreset_mode: str | None = None,
+        stats_window: int = 100,
+    ) -> None:
+        _check_env_api(env)
+        if not callable(agent):
+            raise TypeError(f"agent must be callable as agent(obs) -> actions, got {type(agent).__name__}")
+        if not 0.0 < gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+        self.env = env
+        self.agent = agent
+        self.gamma = float(gamma)
+        self.seed = seed
+        self.rank = int(rank)
+        self.is_vector = _is_vector_env(env)
+        self.num_envs = int(env.num_envs) if self.is_vector else 1
+        self.action_space = env.single_action_space if self.is_vector else env.action_space
+        self.autoreset_mode = _autoreset_mode_of(env, autoreset_mode) if self.is_vector else DISABLED
+        self._copy_obs = self.is_vector and not getattr(env, "copy", True)
+        self._agent_reset_state = getattr(agent, "reset_state", None)
+        self._agent_on_env_steps = getattr(agent, "on_env_steps", None)
+
+        n = self.num_envs
+        self._env_ids = np.arange(n, dtype=np.int64) + self.rank * n
+        self._discount = np.full(n, self.gamma, dtype=np.float32)
+        self._episode_return = np.zeros(n, dtype=np.float64)
+        self._episode_length = np.zeros(n, dtype=np.int64)
+        self._obs: Any = None
+        self._fresh = np.ones(n, dtype=bool)  # envs whose current obs starts an episode
+        self._resetting = np.zeros(n, dtype=bool)  # next-step mode: the next step only resets these
+        self._reset_count = 0
+
+        self.total_steps = 0
+        self.episodes_finished = 0
+        self._pending_episodes: list[Episode] = []
+        self._recent: deque[Episode] = deque(maxlen=stats_window)
+
+    # ------------------------------------------------------------------ iteration
+    def __iter__(self) -> ExperienceSource:
+        return self
+
+    def __next__(self) -> TransitionBatch:
+        if self._obs is None:
+            self._reset_all()
+        while True:
+            batch = self._step()
+            if batch is not None:
+                return batch
+
+    # ------------------------------------------------------------------ episodes
+    def pop_episodes(self) -> list[Episode]:
+        """Episodes finished since the last call (each returned once)."""
+        episodes, self._pending_episodes = self._pending_episodes, []
+        return episodes
+
+    def episode_stats(self) -> dict[str, float]:
+        """Mean return and length of the last ``stats_window`` episodes, and counters."""
+        stats = {"env_steps": float(self.total_steps), "episodes": float(self.episodes_finished)}
+        if self._recent:
+            stats["return_mean"] = float(np.mean([e.ret for e in self._recent]))
+            stats["length_mean"] = float(np.mean([e.length for e in self._recent]))
+        return stats
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Counters and recent episodes (plain containers, ``weights_only``-safe).
+
+        Environment state cannot be checkpointed in general, so the episodes in
+        progress are not saved: after :meth:`load_state_dict` every sub-env starts a
+        new episode.
+        """
+        return {
+            "total_steps": self.total_steps,
+            "episodes_finished": self.episodes_finished,
+            "reset_count": self._reset_count,
+            "recent": [[e.ret, e.length, e.env_id, e.total_steps] for e in self._recent],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.total_steps = int(state["total_steps"])
+        self.episodes_finished = int(state["episodes_finished"])
+        self._reset_count = int(state["reset_count"])
+        self._recent.clear()
+        self._recent.extend(Episode(float(r), int(n), int(e), int(t)) for r, n, e, t in state["recent"])
+        self._pending_episodes = []
+        self._obs = None  # forces a fresh reset of every sub-env on the next step
+
+    # ------------------------------------------------------------------ internals
+    def _reset_seeds(self) -> list[int] | None:
+        if self.seed is None:
+            return None
+        # the first reset uses seed + rank*N + i; resets after a restore use fresh, still distinct seeds
+        base = self.seed + self.rank * self.num_envs + self._reset_count * 1_000_003
+        return [base + i for i in range(self.num_envs)]
+
+    def _reset_all(self) -> None:
+        seeds = self._reset_seeds()
+        if self.is_vector:
+            result = self.env.reset(seed=seeds)
+        else:
+            result = self.env.reset(seed=None if seeds is None else seeds[0])
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise TypeError(
+                "env.reset() must return (obs, info) as in gymnasium>=0.26; this env uses the old gym API. "
+                "Port it to gymnasium, or wrap it with shimmy's GymV21CompatibilityV0."
+            )
+        obs = result[0]
+        self._obs = obs if self.is_vector and not self._copy_obs else self._batched(obs)
+        self._reset_count += 1
+        self._fresh[:] = True
+        self._resetting[:] = False
+        self._episode_return[:] = 0.0
+        self._episode_length[:] = 0
+
+    def _batched(self, obs: Any) -> Any:
+        if self.is_vector:
+            return _copy_tree(obs)
+        return tree_map(lambda x: np.array(x)[None], obs)
+
+    def _act(self) -> tuple[np.ndarray, dict[str, Any]]:
+        if self._agent_reset_state is not None and self._fresh.any():
+            self._agent_reset_state(self._fresh.copy())
+        out = self.agent(self._obs)
+        actions, extras = out if isinstance(out, tuple) else (out, {})
+        actions = _to_numpy(actions)
+        n, shape = self.num_envs, getattr(self.action_space, "shape", None)
+        if actions.ndim == 0 or actions.shape[0] != n or (shape is not None and actions.shape[1:] != tuple(shape)):
+            raise ValueError(
+                f"agent returned actions of shape {actions.shape}; expected {(n, *(shape or ()))} "
+                f"(one action of shape {tuple(shape or ())} for each of the {n} envs). "
+                "Return a batch of actions with a leading env dimension, also for a single env."
+            )
+        extras = _to_numpy(dict(extras))
+        for name, value in extras.items():
+            if name in CORE_FIELDS:
+                raise ValueError(f"agent extra {name!r} collides with a core field; rename it")
+            for _, leaf in tree_leaves(value):
+                if leaf.ndim == 0 or leaf.shape[0] != n:
+                    raise ValueError(
+                        f"agent extra {name!r} has shape {leaf.shape}; expected a leading dimension of {n} (one row per env)"
+                    )
+        return actions, extras
+
+    def _env_step(self, actions: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+        result = self.env.step(actions if self.is_vector else actions[0])
+        if len(result) != 5:
+            raise TypeError(
+                f"env.step() returned {len(result)} values; gymnasium envs return "
+                "(obs, reward, terminated, truncated, info). This env uses the old 4-tuple gym API: "
+                "port it to gymnasium, or wrap it with shimmy's GymV21CompatibilityV0."
+            )
+        obs, reward, terminated, truncated, info = result
+        if not self.is_vector:
+            obs = self._batched(obs)
+            reward, terminated, truncated = np.array([reward]), np.array([terminated]), np.array([truncated])
+        elif self._copy_obs:
+            obs = _copy_tree(obs)
+        return obs, reward, np.asarray(terminated, dtype=bool), np.asarray(truncated, dtype=bool), info
+
+    def _step(self) -> TransitionBatch | None:
+        actions, extras = self._act()
+        obs, reward, terminated, truncated, info = self._env_step(actions)
+        done = terminated | truncated
+        any_done = bool(done.any())
+        next_obs = self._final_obs_from_info(obs, done, info) if any_done and self.autoreset_mode == SAME_STEP else obs
+        batch = TransitionBatch(
+            {
+                "obs": self._obs,
+                "action": actions,
+                "reward": reward.astype(np.float32),
+                "next_obs": next_obs,
+                "terminated": terminated,
+                "truncated": truncated,
+                "discount": self._discount,
+                "env_id": self._env_ids,
+                **extras,
+            }
+        )
+        just_reset = self._resetting if self.autoreset_mode == NEXT_STEP and self._resetting.any() else None
+        if just_reset is not None:
+            # these rows only reset their sub-env: (final obs, ignored action, reset obs) is no transition
+            batch = batch.rows(~just_reset)
+        self._track_episodes(batch.reward, done, any_done, just_reset)
+        self._obs = obs
+        if self.autoreset_mode == NEXT_STEP and self.is_vector:
+            self._fresh = just_reset if just_reset is not None else np.zeros(self.num_envs, dtype=bool)
+            self._resetting = done
+        else:
+            self._fresh = done
+            if any_done:
+                self._reset_finished(done)
+        if self._agent_on_env_steps is not None:
+            self._agent_on_env_steps(self.total_steps)
+        return batch if len(batch) else None
+
+    def _final_obs_from_info(self, obs: Any, done: np.ndarray, info: Mapping[str, Any]) -> Any:
+        if "final_obs" not in info:
+            raise RuntimeError(
+                "the vector env reported an episode end without info['final_obs']; it does not autoreset "
+                "in same-step mode. Pass autoreset_mode='NextStep' or 'Disabled' to ExperienceSource."
+            )
+        next_obs = _copy_tree(obs)
+        for i in np.flatnonzero(done):  # only the envs whose episode ended this step
+            _set_row(next_obs, int(i), info["final_obs"][i])
+        return next_obs
+
+    def _track_episodes(
+        self, reward: np.ndarray, done: np.ndarray, any_done: bool, just_reset: np.ndarray | None
+    ) -> None:
+        if just_reset is None:
+            self._episode_return += reward
+            self._episode_length += 1
+        else:
+            stepped = ~just_reset
+            self._episode_return[stepped] += reward
+            self._episode_length[stepped] += 1
+        self.total_steps += len(reward)
+        if any_done:
+            for i in np.flatnonzero(done):  # episode ends are rare: a loop over them only
+                self._record_episode(int(i))
+
+    def _record_episode(self, i: int) -> None:
+        self.episodes_finished += 1
+        episode = Episode(float(self._episode_return[i]), int(self._episode_length[i]), int(self._env_ids[i]), self.total_steps)
+        self._pending_episodes.append(episode)
+        self._recent.append(episode)
+        self._episode_return[i] = 0.0
+        self._episode_length[i] = 0
+
+    def _reset_finished(self, done: np.ndarray) -> None:
+        """Reset the sub-envs that ended (single env, or a vector env in disabled mode)."""
+        if not self.is_vector:
+            self._obs = self._batched(self.env.reset()[0])
+        elif self.autoreset_mode == DISABLED:
+            obs, _ = self.env.reset(options={"reset_mask": done.copy()})
+            self._obs = _copy_tree(obs) if self._copy_obs else obs
