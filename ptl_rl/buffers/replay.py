@@ -27,7 +27,8 @@ class ReplayBuffer:
         upstream: iterator of :class:`TransitionBatch` (e.g. an
             :class:`~ptl_rl.nstep.NStepTransform`), or ``None``.
         capacity: number of transitions kept; the oldest are overwritten.
-        warmup: transitions stored before the first yield (``<= capacity``).
+        warmup: transitions stored before the first yield (``<= capacity``);
+            default ``min(1000, capacity)``.
         transitions_per_yield: transitions pulled from upstream per yield (>= 1).
         seed: seed of the sampling generator.
     """
@@ -37,11 +38,13 @@ class ReplayBuffer:
         upstream: Iterator[TransitionBatch] | None = None,
         capacity: int = 100_000,
         *,
-        warmup: int = 1_000,
+        warmup: int | None = None,
         transitions_per_yield: int = 1,
         seed: int | None = None,
     ) -> None:
         self.storage = ArrayStorage(capacity)
+        if warmup is None:
+            warmup = min(1_000, self.storage.capacity)
         if not 0 <= warmup <= capacity:
             raise ValueError(f"warmup must be in [0, capacity={capacity}], got {warmup}")
         if transitions_per_yield < 1:

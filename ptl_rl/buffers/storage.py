@@ -57,10 +57,11 @@ class ArrayStorage:
             name: tree_map(lambda a: np.zeros((self.capacity, *a.shape[1:]), dtype=a.dtype), value)
             for name, value in batch.items()
         }
+        # (field, keys into a dict field, dtype, trailing shape) per stored array
         self._spec = [
-            (name, path, leaf.dtype, leaf.shape[1:])
+            (name, tuple(path.split("."))[1:] if path != name else (), leaf.dtype, leaf.shape[1:])
             for name, value in self.fields.items()
-            for path, leaf in tree_leaves(value)
+            for path, leaf in tree_leaves(value, name)
         ]
 
     def _validate(self, batch: TransitionBatch) -> None:
@@ -72,12 +73,16 @@ class ArrayStorage:
                 "Every batch added to one buffer must carry the same fields (and agent extras)."
             )
         size = len(batch)
-        for name, path, dtype, shape in self._spec:
+        for name, keys, dtype, shape in self._spec:
             leaf = batch[name]
-            if path != name:
-                for key in path.split(".")[1:]:
+            try:
+                for key in keys:
                     leaf = leaf[key]
-            if leaf.dtype != dtype or leaf.shape[1:] != shape or leaf.shape[0] != size:
+                ok = leaf.dtype == dtype and leaf.shape[1:] == shape and leaf.shape[0] == size
+            except (KeyError, IndexError, TypeError, AttributeError):
+                leaf, ok = np.asarray(leaf, dtype=object), False
+            if not ok:
+                path = ".".join((name, *keys))
                 raise ValueError(
                     f"field {path!r} has shape {leaf.shape} and dtype {leaf.dtype}; the buffer stores "
                     f"[{size}, *{shape}] {dtype} (allocated from the first batch). "

@@ -1,0 +1,107 @@
+"""Replay throughput: ReplayBuffer + BatchSampler path vs a bare preallocated numpy ring buffer.
+
+Both store CartPole-shaped 3-step transitions (obs/next_obs float32 [4],
+action int64, reward/discount float32, terminated/truncated bool, env_id int64).
+Measured: add in chunks of 8 rows (one vector step of 8 envs), and uniform
+sampling of 256 rows converted to torch tensors. Prints operations/s of each
+and the ratios (goals: add >= 0.9, sample >= 1.0).
+
+    python benchmarks/buffer.py [--capacity 100000] [--ops 20000] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+import ptl_rl
+
+FIELDS = {  # name: (trailing shape, dtype)
+    "obs": ((4,), np.float32),
+    "action": ((), np.int64),
+    "reward": ((), np.float32),
+    "next_obs": ((4,), np.float32),
+    "terminated": ((), np.bool_),
+    "truncated": ((), np.bool_),
+    "discount": ((), np.float32),
+    "env_id": ((), np.int64),
+}
+
+
+class BareRing:
+    """The hand-written limit: one preallocated array per field, slice writes, fancy-index reads."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.cursor, self.size = capacity, 0, 0
+        self.data = {k: np.zeros((capacity, *shape), dtype=dt) for k, (shape, dt) in FIELDS.items()}
+        self.rng = np.random.default_rng(0)
+
+    def add(self, chunk: dict[str, np.ndarray]) -> None:
+        n, c = len(chunk["reward"]), self.cursor
+        if c + n <= self.capacity:
+            for k, v in chunk.items():
+                self.data[k][c : c + n] = v
+        else:
+            first = self.capacity - c
+            for k, v in chunk.items():
+                self.data[k][c:] = v[:first]
+                self.data[k][: n - first] = v[first:]
+        self.cursor = (c + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
+        idx = self.rng.integers(0, self.size, batch_size)
+        return {k: torch.from_numpy(v[idx]) for k, v in self.data.items()}
+
+
+def make_chunks(count: int, rows: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    return [
+        {k: rng.random((rows, *shape)).astype(dt) if dt != np.bool_ else rng.random(rows) < 0.05 for k, (shape, dt) in FIELDS.items()}
+        for _ in range(count)
+    ]
+
+
+def rate(fn, ops: int) -> float:
+    start = time.perf_counter()
+    for _ in range(ops):
+        fn()
+    return ops / (time.perf_counter() - start)
+
+
+def measure(capacity: int, ops: int) -> dict[str, float]:
+    chunks = make_chunks(256, 8)
+    batches = [ptl_rl.TransitionBatch(c) for c in chunks]
+    bare, ours = BareRing(capacity), ptl_rl.ReplayBuffer(None, capacity, warmup=0, seed=0)
+    sampler = ptl_rl.BatchSampler(iter(lambda: ours, None), batch_size=256)
+    for i in range(capacity // 8):  # fill both so sampling reads the whole capacity
+        bare.add(chunks[i % 256])
+        ours.add(batches[i % 256])
+    it = iter(range(10**12))
+    return {
+        "bare_add": rate(lambda: bare.add(chunks[next(it) % 256]), ops),
+        "ours_add": rate(lambda: ours.add(batches[next(it) % 256]), ops),
+        "bare_sample": rate(lambda: bare.sample(256), ops),
+        "ours_sample": rate(lambda: next(sampler), ops),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--capacity", type=int, default=100_000)
+    parser.add_argument("--ops", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    runs = [measure(args.capacity, args.ops) for _ in range(args.repeats)]
+    best = {k: max(r[k] for r in runs) for k in runs[0]}
+    print(f"add 8 rows      : bare {best['bare_add']:9.0f}/s  ptl_rl {best['ours_add']:9.0f}/s  "
+          f"ratio {best['ours_add'] / best['bare_add']:.3f} (goal >= 0.9)")
+    print(f"sample 256->torch: bare {best['bare_sample']:9.0f}/s  ptl_rl {best['ours_sample']:9.0f}/s  "
+          f"ratio {best['ours_sample'] / best['bare_sample']:.3f} (goal >= 1.0)")
+
+
+if __name__ == "__main__":
+    main()
