@@ -102,7 +102,9 @@ class _FieldBatch:
     def __len__(self) -> int:
         """Number of transitions (rows) in the batch."""
         for value in self._fields.values():
-            return leading_dim(value)
+            while isinstance(value, dict):
+                value = next(iter(value.values()))
+            return value.shape[0]
         return 0
 
     @property
@@ -123,6 +125,15 @@ class _FieldBatch:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         object.__setattr__(self, "_fields", state)
+
+
+def _from_numpy(tree: Any) -> Any:
+    """Zero-copy tensors from numpy arrays (a read-only array is copied: torch needs writable memory)."""
+    if isinstance(tree, np.ndarray):
+        return torch.from_numpy(tree if tree.flags.writeable else tree.copy())
+    if isinstance(tree, Mapping):
+        return {k: _from_numpy(v) for k, v in tree.items()}
+    return torch.as_tensor(tree)
 
 
 class TransitionBatch(_FieldBatch):
@@ -147,13 +158,14 @@ class TransitionBatch(_FieldBatch):
         overlaps with compute.
         """
 
+        if device is None and not pin_memory:
+            return TorchBatch({k: _from_numpy(v) for k, v in self._fields.items()})
+
         def convert(a: np.ndarray) -> torch.Tensor:
-            t = torch.from_numpy(np.ascontiguousarray(a) if not a.flags.writeable else a)
+            t = _from_numpy(a)
             if pin_memory:
                 t = t.pin_memory()
-            if device is not None:
-                t = t.to(device, non_blocking=pin_memory)
-            return t
+            return t if device is None else t.to(device, non_blocking=pin_memory)
 
         return TorchBatch({k: tree_map(convert, v) for k, v in self._fields.items()})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,6 +10,10 @@ import pytorch_lightning as pl
 from torch.utils.data import DataLoader, IterableDataset
 
 from ptl_rl.source import ExperienceSource
+
+
+# The adapter always uses num_workers=0, where a length on an IterableDataset is exact.
+warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined", category=UserWarning)
 
 
 def pipeline_stages(last: Any) -> list[Any]:
@@ -127,19 +132,26 @@ class RLDataModule(pl.LightningDataModule):
 
 
 class EpisodeStatsLogger(pl.Callback):
-    """Logs episode statistics of an :class:`ExperienceSource` after every training batch.
+    """Logs episode statistics of an :class:`ExperienceSource` every ``every_n_steps`` training batches.
 
     Logged (and shown in the progress bar): ``episode/return_mean`` and
     ``episode/length_mean`` over the source's recent episodes, and
-    ``env_steps``. Pass the source or any later stage of its pipeline.
+    ``env_steps``. Pass the source or any later stage of its pipeline. Each
+    ``log`` call costs Lightning about as much as a small network's gradient
+    step, hence logging every few steps rather than every one.
     """
 
-    def __init__(self, pipeline: Any, prog_bar: bool = True) -> None:
+    def __init__(self, pipeline: Any, every_n_steps: int = 10, prog_bar: bool = True) -> None:
         super().__init__()
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         self.source: ExperienceSource = find_stage(pipeline, ExperienceSource)
+        self.every_n_steps = int(every_n_steps)
         self.prog_bar = prog_bar
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        if trainer.global_step % self.every_n_steps:
+            return
         stats = self.source.episode_stats()
         pl_module.log("env_steps", stats["env_steps"], prog_bar=self.prog_bar, on_step=True, on_epoch=False)
         if "return_mean" in stats:

@@ -87,7 +87,7 @@ def test_steps_per_epoch_gives_lightning_epochs_that_continue_the_same_pipeline(
 def test_episode_stats_reach_the_logged_metrics() -> None:
     net, sampler = build_pipeline()
     module = PlainQModule(net)
-    fit = trainer(max_steps=60, callbacks=[ptl_rl.EpisodeStatsLogger(sampler)])
+    fit = trainer(max_steps=60, callbacks=[ptl_rl.EpisodeStatsLogger(sampler, every_n_steps=1)])
     fit.fit(module, train_dataloaders=ptl_rl.to_dataloader(sampler))
     source = ptl_rl.find_stage(sampler, ptl_rl.ExperienceSource)
     assert fit.callback_metrics["env_steps"].item() == pytest.approx(source.total_steps, abs=4)

@@ -44,13 +44,25 @@ class ArrayStorage:
         skip = max(0, count - self.capacity)  # only the newest `capacity` rows can survive
         count -= skip
         start = self.cursor
-        first = min(count, self.capacity - start)
-        for name, value in batch.items():
-            _write(self.fields[name], value, start, first, skip, count)
-        self.cursor = (start + count) % self.capacity
+        end = start + count
+        if end <= self.capacity and not skip:
+            for name, value in batch.items():
+                store = self.fields[name]
+                if isinstance(store, np.ndarray):
+                    store[start:end] = value
+                else:
+                    _write(store, value, start, count, 0, count)
+        else:
+            first = min(count, self.capacity - start)
+            for name, value in batch.items():
+                _write(self.fields[name], value, start, first, skip, count)
+        self.cursor = end % self.capacity
         self.size = min(self.size + count, self.capacity)
         self.total_added += count + skip
-        return (start + np.arange(count)) % self.capacity
+        slots = np.arange(start, end)
+        if end > self.capacity:
+            slots %= self.capacity
+        return slots
 
     def _allocate(self, batch: TransitionBatch) -> None:
         self.fields = {
@@ -78,21 +90,22 @@ class ArrayStorage:
             try:
                 for key in keys:
                     leaf = leaf[key]
-                ok = leaf.dtype == dtype and leaf.shape[1:] == shape and leaf.shape[0] == size
+                if leaf.dtype == dtype and leaf.shape[1:] == shape and leaf.shape[0] == size:
+                    continue
             except (KeyError, IndexError, TypeError, AttributeError):
-                leaf, ok = np.asarray(leaf, dtype=object), False
-            if not ok:
-                path = ".".join((name, *keys))
-                raise ValueError(
-                    f"field {path!r} has shape {leaf.shape} and dtype {leaf.dtype}; the buffer stores "
-                    f"[{size}, *{shape}] {dtype} (allocated from the first batch). "
-                    f"Cast it with .astype({dtype}) or reshape it before adding."
-                )
+                leaf = np.asarray(leaf, dtype=object)
+            path = ".".join((name, *keys))
+            raise ValueError(
+                f"field {path!r} has shape {leaf.shape} and dtype {leaf.dtype}; the buffer stores "
+                f"[{size}, *{shape}] {dtype} (allocated from the first batch). "
+                f"Cast it with .astype({dtype}) or reshape it before adding."
+            )
 
     # ------------------------------------------------------------------ reading
     def gather(self, indices: np.ndarray) -> TransitionBatch:
         """The transitions at ``indices`` (int [B]) as a new batch (a copy)."""
-        return TransitionBatch({name: tree_map(lambda a: a.take(indices, axis=0), v) for name, v in self.fields.items()})
+        # ndarray.take is several times faster than fancy indexing for rows of 2-D arrays
+        return TransitionBatch({name: _take(v, indices) for name, v in self.fields.items()})
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -126,6 +139,12 @@ class ArrayStorage:
             _write(self.fields[name], value, 0, self.size, 0, self.size)
         self.cursor = int(state["cursor"])
         self.total_added = int(state["total_added"])
+
+
+def _take(store: Any, indices: np.ndarray) -> Any:
+    if isinstance(store, dict):
+        return {k: _take(v, indices) for k, v in store.items()}
+    return store.take(indices, axis=0)
 
 
 def _write(store: Any, value: Any, start: int, first: int, skip: int, count: int) -> None:
