@@ -66,12 +66,13 @@ class _FieldBatch:
     ``len(batch)`` is the number of transitions; ``batch.keys()`` the field names.
     """
 
-    __slots__ = ("_fields",)
+    __slots__ = ("_feedback", "_fields")
 
     def __init__(self, fields: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         merged = dict(fields or {})
         merged.update(kwargs)
         object.__setattr__(self, "_fields", merged)
+        object.__setattr__(self, "_feedback", None)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -125,6 +126,38 @@ class _FieldBatch:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         object.__setattr__(self, "_fields", state)
+        object.__setattr__(self, "_feedback", None)  # the buffer link does not travel through pickling
+
+    # ------------------------------------------------------------------ priority feedback
+    def attach_priority_feedback(self, feedback: Any) -> None:
+        """Link this batch to the prioritized buffer that sampled it (called by the buffer).
+
+        ``feedback`` is callable as ``feedback(td_errors) -> int`` and has
+        ``select(index)`` for a subset of rows; ``rows``, ``to_torch`` and ``to``
+        pass it on, so it survives Lightning's move of the batch to a device.
+        """
+        object.__setattr__(self, "_feedback", feedback)
+
+    def _pass_feedback(self, new: _FieldBatch, index: Any = None) -> Any:
+        if self._feedback is not None:
+            feedback = self._feedback if index is None else self._feedback.select(index)
+            object.__setattr__(new, "_feedback", feedback)
+        return new
+
+    def update_priorities(self, td_errors: Any) -> int:
+        """Feed the TD errors of this batch back as priorities ``|td_errors|``: one call from ``training_step``.
+
+        ``td_errors``: float [B] (or [B, 1]), one per row in the batch's order; a
+        torch tensor on any device (detached here) or a numpy array. Rows whose
+        slot was overwritten since sampling are ignored; returns their number.
+        Only batches sampled from a prioritized buffer have this link.
+        """
+        if self._feedback is None:
+            raise TypeError(
+                "this batch was not sampled from a prioritized buffer, so it has no priorities to update; "
+                "sample it from a PrioritizedReplayBuffer (or SequenceReplayBuffer(prioritized=True))"
+            )
+        return self._feedback(td_errors)
 
 
 def _from_numpy(tree: Any) -> Any:
@@ -147,7 +180,9 @@ class TransitionBatch(_FieldBatch):
 
     def rows(self, index: np.ndarray | slice) -> TransitionBatch:
         """A new batch with the rows ``index`` (bool mask, int indices or a slice)."""
-        return TransitionBatch({k: tree_map(lambda a: a[index], v) for k, v in self._fields.items()})
+        return self._pass_feedback(
+            TransitionBatch({k: tree_map(lambda a: a[index], v) for k, v in self._fields.items()}), index
+        )
 
     def to_torch(self, device: torch.device | str | None = None, pin_memory: bool = False) -> TorchBatch:
         """Convert to a :class:`TorchBatch`.
@@ -159,7 +194,7 @@ class TransitionBatch(_FieldBatch):
         """
 
         if device is None and not pin_memory:
-            return TorchBatch({k: _from_numpy(v) for k, v in self._fields.items()})
+            return self._pass_feedback(TorchBatch({k: _from_numpy(v) for k, v in self._fields.items()}))
 
         def convert(a: np.ndarray) -> torch.Tensor:
             t = _from_numpy(a)
@@ -167,7 +202,7 @@ class TransitionBatch(_FieldBatch):
                 t = t.pin_memory()
             return t if device is None else t.to(device, non_blocking=pin_memory)
 
-        return TorchBatch({k: tree_map(convert, v) for k, v in self._fields.items()})
+        return self._pass_feedback(TorchBatch({k: tree_map(convert, v) for k, v in self._fields.items()}))
 
     @staticmethod
     def concat(batches: Iterable[TransitionBatch]) -> TransitionBatch:
@@ -177,7 +212,7 @@ class TransitionBatch(_FieldBatch):
             return batches[0]
         first = batches[0]
         return TransitionBatch(
-            {k: tree_map(lambda *leaves: np.concatenate(leaves), first[k], *(b[k] for b in batches[1:])) for k in first}
+            {k: tree_map(lambda *leaves: np.concatenate(leaves), first[k], *(b[k] for b in batches[1:])) for k in first.keys()}
         )
 
 
@@ -196,8 +231,10 @@ class TorchBatch(_FieldBatch):
         moved = TorchBatch(
             {k: tree_map(lambda t: t.to(device, non_blocking=non_blocking), v) for k, v in self._fields.items()}
         )
-        return moved
+        return self._pass_feedback(moved)
 
     def rows(self, index: torch.Tensor | slice) -> TorchBatch:
         """A new batch with the rows ``index``."""
-        return TorchBatch({k: tree_map(lambda t: t[index], v) for k, v in self._fields.items()})
+        return self._pass_feedback(
+            TorchBatch({k: tree_map(lambda t: t[index], v) for k, v in self._fields.items()}), index
+        )

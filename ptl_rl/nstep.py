@@ -69,11 +69,6 @@ class NStepTransform:
     def __next__(self) -> TransitionBatch:
         if self.upstream is None:
             raise TypeError("this NStepTransform has no upstream; call fold(batch) instead")
-        if self._flush_on_next:
-            self._flush_on_next = False
-            flushed = self.flush()
-            if flushed is not None:
-                return flushed
         while True:
             out = self.fold(next(self.upstream))
             if out is not None:
@@ -81,9 +76,21 @@ class NStepTransform:
 
     # ------------------------------------------------------------------ folding
     def fold(self, batch: TransitionBatch) -> TransitionBatch | None:
-        """Add 1-step transitions and return the n-step transitions they complete (or ``None``)."""
-        if len(batch) == 0:
-            return None
+        """Add 1-step transitions and return the n-step transitions they complete (or ``None``).
+
+        After :meth:`load_state_dict` the restored windows are emitted first, as
+        truncated (see :meth:`flush`): the rows of ``batch`` start new episodes.
+        """
+        restored = None
+        if self._flush_on_next:
+            self._flush_on_next = False
+            restored = self.flush()
+        out = self._fold_batch(batch) if len(batch) else None
+        if restored is None or out is None:
+            return out if restored is None else restored
+        return TransitionBatch.concat([restored, out])
+
+    def _fold_batch(self, batch: TransitionBatch) -> TransitionBatch | None:
         env_id = np.asarray(batch["env_id"])
         self._ensure_capacity(batch, int(env_id.max()) + 1)
         if not self._unique(env_id):
@@ -210,8 +217,13 @@ class NStepTransform:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """In-flight windows as tensors. After a restore they are emitted as truncated on the next step,
-        because the environments (whose state is not checkpointed) start new episodes."""
+        """In-flight windows as tensors (``weights_only``-safe).
+
+        After :meth:`load_state_dict` they are emitted as truncated by the next
+        ``next()`` or ``fold()``, ahead of what that step's batch completes,
+        because the environments (whose state is not checkpointed) start new
+        episodes: a restored window is never continued with new steps.
+        """
         if self._window is None:
             return {"window": None}
         to_t = lambda a: torch.from_numpy(a.copy())  # noqa: E731
@@ -225,6 +237,7 @@ class NStepTransform:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["window"] is None:
             self._window = None
+            self._flush_on_next = False
             self._head = np.zeros(0, dtype=np.int64)
             self._length = np.zeros(0, dtype=np.int64)
             return

@@ -258,7 +258,8 @@ class ExperienceSource:
             for _, leaf in tree_leaves(value):
                 if leaf.ndim == 0 or leaf.shape[0] != n:
                     raise ValueError(
-                        f"agent extra {name!r} has shape {leaf.shape}; expected a leading dimension of {n} (one row per env)"
+                        f"agent extra {name!r} has shape {leaf.shape}; "
+                        f"expected a leading dimension of {n} (one row per env)"
                     )
         return actions, extras
 
@@ -342,7 +343,9 @@ class ExperienceSource:
 
     def _record_episode(self, i: int) -> None:
         self.episodes_finished += 1
-        episode = Episode(float(self._episode_return[i]), int(self._episode_length[i]), int(self._env_ids[i]), self.total_steps)
+        episode = Episode(
+            float(self._episode_return[i]), int(self._episode_length[i]), int(self._env_ids[i]), self.total_steps
+        )
         self._pending_episodes.append(episode)
         self._recent.append(episode)
         self._episode_return[i] = 0.0
