@@ -67,7 +67,10 @@ class BareRing:
 def make_chunks(count: int, rows: int) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(1)
     return [
-        {k: rng.random((rows, *shape)).astype(dt) if dt != np.bool_ else rng.random(rows) < 0.05 for k, (shape, dt) in FIELDS.items()}
+        {
+            k: rng.random((rows, *shape)).astype(dt) if dt != np.bool_ else rng.random(rows) < 0.05
+            for k, (shape, dt) in FIELDS.items()
+        }
         for _ in range(count)
     ]
 
@@ -105,12 +108,18 @@ def main() -> None:
     args = parser.parse_args()
     runs = [measure(args.capacity, args.ops) for _ in range(args.repeats)]
     best = {k: max(r[k] for r in runs) for k in runs[0]}
-    print(f"add 8 rows      : bare {best['bare_add']:9.0f}/s  ptl_rl {best['ours_add']:9.0f}/s  "
-          f"ratio {best['ours_add'] / best['bare_add']:.3f} (goal >= 0.9)")
-    print(f"sample 256->torch: bare {best['bare_sample']:9.0f}/s  ptl_rl {best['ours_sample']:9.0f}/s  "
-          f"ratio {best['ours_sample'] / best['bare_sample']:.3f} (goal >= 1.0)")
-    print(f"  vs a bare ring that gathers with ndarray.take: {best['bare_take_sample']:9.0f}/s  "
-          f"ratio {best['ours_sample'] / best['bare_take_sample']:.3f}")
+    print(
+        f"add 8 rows      : bare {best['bare_add']:9.0f}/s  ptl_rl {best['ours_add']:9.0f}/s  "
+        f"ratio {best['ours_add'] / best['bare_add']:.3f} (goal >= 0.9)"
+    )
+    print(
+        f"sample 256->torch: bare {best['bare_sample']:9.0f}/s  ptl_rl {best['ours_sample']:9.0f}/s  "
+        f"ratio {best['ours_sample'] / best['bare_sample']:.3f} (goal >= 1.0)"
+    )
+    print(
+        f"  vs a bare ring that gathers with ndarray.take: {best['bare_take_sample']:9.0f}/s  "
+        f"ratio {best['ours_sample'] / best['bare_take_sample']:.3f}"
+    )
 
 
 if __name__ == "__main__":

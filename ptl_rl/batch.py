@@ -13,7 +13,7 @@ Core fields (see DESIGN.md): ``obs``, ``action``, ``reward`` (float32, [B]),
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,8 +29,8 @@ CORE_FIELDS = (
     "env_id",
 )
 
-ArrayTree = Union[np.ndarray, dict[str, "ArrayTree"]]
-TensorTree = Union[torch.Tensor, dict[str, "TensorTree"]]
+ArrayTree = np.ndarray | dict[str, "ArrayTree"]
+TensorTree = torch.Tensor | dict[str, "TensorTree"]
 
 
 def tree_map(fn: Callable[..., Any], tree: Any, *others: Any) -> Any:
@@ -212,7 +212,10 @@ class TransitionBatch(_FieldBatch):
             return batches[0]
         first = batches[0]
         return TransitionBatch(
-            {k: tree_map(lambda *leaves: np.concatenate(leaves), first[k], *(b[k] for b in batches[1:])) for k in first.keys()}
+            {
+                k: tree_map(lambda *leaves: np.concatenate(leaves), first[k], *(b[k] for b in batches[1:]))
+                for k in first.keys()
+            }
         )
 
 

@@ -11,7 +11,6 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from ptl_rl.source import ExperienceSource
 
-
 # The adapter always uses num_workers=0, where a length on an IterableDataset is exact.
 warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined", category=UserWarning)
 
@@ -99,9 +98,7 @@ def to_dataloader(pipeline: Any, steps_per_epoch: int | None = None) -> DataLoad
     batches are passed through unchanged. ``steps_per_epoch`` sets
     ``len(loader)``; ``None`` makes one endless epoch.
     """
-    return DataLoader(
-        PipelineDataset(pipeline, steps_per_epoch), batch_size=None, num_workers=0, collate_fn=_as_is
-    )
+    return DataLoader(PipelineDataset(pipeline, steps_per_epoch), batch_size=None, num_workers=0, collate_fn=_as_is)
 
 
 class RLDataModule(pl.LightningDataModule):
@@ -155,7 +152,9 @@ class EpisodeStatsLogger(pl.Callback):
         stats = self.source.episode_stats()
         pl_module.log("env_steps", stats["env_steps"], prog_bar=self.prog_bar, on_step=True, on_epoch=False)
         if "return_mean" in stats:
-            pl_module.log("episode/return_mean", stats["return_mean"], prog_bar=self.prog_bar, on_step=True, on_epoch=False)
+            pl_module.log(
+                "episode/return_mean", stats["return_mean"], prog_bar=self.prog_bar, on_step=True, on_epoch=False
+            )
             pl_module.log("episode/length_mean", stats["length_mean"], on_step=True, on_epoch=False)
 
 
@@ -170,4 +169,3 @@ class EnvStepLimit(pl.Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         if self.source.total_steps >= self.max_env_steps:
             trainer.should_stop = True
-

@@ -50,12 +50,19 @@ class NStepTransform:
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {gamma}")
         self.upstream = upstream
+        # an ExperienceSource yields at most one row per env and batch: no need to check each batch
+        self._upstream_one_row_per_env = bool(getattr(upstream, "one_row_per_env", False))
         self.n = int(n)
         self.gamma = float(gamma)
         k = np.arange(self.n)
         # _fold[j, k] = gamma**(k - j) for k >= j: row j sums the window tail that starts at step j
         self._fold = np.where(k[None, :] >= k[:, None], self.gamma ** (k[None, :] - k[:, None]), 0.0).astype(np.float32)
         self._discounts = (self.gamma ** np.arange(self.n + 1)).astype(np.float32)
+        self._positions = (k[:, None] + k[None, :]) % self.n  # [oldest, j] -> ring position of window step j
+        held = k[None, :] < np.arange(self.n + 1)[:, None]  # [length, j]: step j is in a window of that length
+        self._held = held.astype(np.float32)
+        # [whole, length, j]: which window starts j are emitted: every tail at an episode end, else the oldest
+        self._starts = np.stack([held & (k[None, :] == 0), held])
         self._window: dict[str, Any] | None = None  # field -> [E, n, ...] arrays
         self._last_next_obs: Any = None  # [E, ...], for flushing windows after a restore
         self._head = np.zeros(0, dtype=np.int64)  # next write position per env
@@ -70,14 +77,16 @@ class NStepTransform:
         if self.upstream is None:
             raise TypeError("this NStepTransform has no upstream; call fold(batch) instead")
         while True:
-            out = self.fold(next(self.upstream))
+            out = self.fold(next(self.upstream), one_row_per_env=self._upstream_one_row_per_env)
             if out is not None:
                 return out
 
     # ------------------------------------------------------------------ folding
-    def fold(self, batch: TransitionBatch) -> TransitionBatch | None:
+    def fold(self, batch: TransitionBatch, one_row_per_env: bool = False) -> TransitionBatch | None:
         """Add 1-step transitions and return the n-step transitions they complete (or ``None``).
 
+        ``batch`` may hold several consecutive steps of one env (in time order);
+        ``one_row_per_env=True`` promises it holds at most one, which skips a check.
         After :meth:`load_state_dict` the restored windows are emitted first, as
         truncated (see :meth:`flush`): the rows of ``batch`` start new episodes.
         """
@@ -85,15 +94,15 @@ class NStepTransform:
         if self._flush_on_next:
             self._flush_on_next = False
             restored = self.flush()
-        out = self._fold_batch(batch) if len(batch) else None
+        out = self._fold_batch(batch, one_row_per_env) if len(batch) else None
         if restored is None or out is None:
             return out if restored is None else restored
         return TransitionBatch.concat([restored, out])
 
-    def _fold_batch(self, batch: TransitionBatch) -> TransitionBatch | None:
+    def _fold_batch(self, batch: TransitionBatch, one_row_per_env: bool) -> TransitionBatch | None:
         env_id = np.asarray(batch["env_id"])
         self._ensure_capacity(batch, int(env_id.max()) + 1)
-        if not self._unique(env_id):
+        if not one_row_per_env and not self._unique(env_id):
             return self._fold_in_order(batch, env_id)
         return self._fold_unique(batch, env_id)
 
@@ -109,12 +118,8 @@ class NStepTransform:
         if len(envs) == 0:
             return None
         zeros = np.zeros(len(envs), dtype=bool)
-        ends = {
-            "next_obs": tree_map(lambda a: a[envs], self._last_next_obs),
-            "terminated": zeros,
-            "truncated": ~zeros,
-        }
-        out = self._emit(envs, self._length[envs], np.ones(len(envs), dtype=bool), ends)
+        ends = {"next_obs": _take(self._last_next_obs, envs), "terminated": zeros, "truncated": ~zeros}
+        out = self._emit(envs, self._length[envs], ~zeros, ends, np.arange(len(envs)))
         self._length[envs] = 0
         return out
 
@@ -129,42 +134,68 @@ class NStepTransform:
         self._length[env] = length
 
         done = batch["terminated"] | batch["truncated"]
+        if not np.count_nonzero(done):  # the common step: only full windows, no tails
+            full = length == n
+            emitting = np.count_nonzero(full)
+            if emitting == len(env):
+                return self._emit_full(env, batch["next_obs"])
+            if not emitting:
+                return None
+            rows = full.nonzero()[0]
+            return self._emit_full(env[rows], _take(batch["next_obs"], rows))
         emit = done | (length == n)
-        if not emit.any():
-            return None
-        if not emit.all():
-            env, length, done = env[emit], length[emit], done[emit]
-            rows = np.flatnonzero(emit)
-            ends = {k: tree_map(lambda a: a[rows], batch[k]) for k in ("next_obs", "terminated", "truncated")}
-        else:
-            ends = {k: batch[k] for k in ("next_obs", "terminated", "truncated")}
-        out = self._emit(env, length, done, ends)
+        rows = emit.nonzero()[0]
+        if len(rows) < len(env):
+            env, length, done = env[rows], length[rows], done[rows]
+        out = self._emit(env, length, done, batch, rows)
         # a full window drops its oldest step; an ended episode empties its window
         self._length[env] = np.where(done, 0, length - 1)
         return out
 
-    def _emit(self, env: np.ndarray, length: np.ndarray, whole: np.ndarray, ends: dict[str, Any]) -> TransitionBatch:
+    def _emit_full(self, env: np.ndarray, next_obs: Any) -> TransitionBatch:
+        """Emit the full oldest window of each env in ``env`` (none of them ended) and drop its oldest step."""
+        oldest = self._head[env]  # a full window's oldest step sits where the next write goes
+        positions = self._positions[oldest]  # [R, n], oldest first
+        rows = len(env)
+        out: dict[str, Any] = {}
+        for name, store in self._window.items():
+            out[name] = (
+                store[env, oldest] if isinstance(store, np.ndarray) else tree_map(lambda a: a[env, oldest], store)
+            )
+        out["reward"] = self._window["reward"][env[:, None], positions] @ self._fold[0]
+        out["next_obs"] = next_obs
+        out["terminated"] = out["truncated"] = self._no_end[:rows]
+        out["discount"] = self._full_discount[:rows]
+        out["env_id"] = env
+        self._length[env] = self.n - 1
+        return TransitionBatch(out)
+
+    def _emit(
+        self, env: np.ndarray, length: np.ndarray, whole: np.ndarray, ends: Any, end_rows: np.ndarray
+    ) -> TransitionBatch:
         """Emit windows of the envs ``env`` holding ``length`` steps each.
 
         Where ``whole`` is true every tail window is emitted (an episode end);
-        elsewhere only the full oldest window.
+        elsewhere only the full oldest window. ``ends[k][end_rows]`` holds the
+        ``next_obs``/``terminated``/``truncated`` of each env's last step.
         """
-        n = self.n
-        k = np.arange(n)
-        oldest = (self._head[env] - length) % n
-        positions = (oldest[:, None] + k[None, :]) % n  # [R, n] window positions, oldest first
-        rewards = self._window["reward"][env[:, None], positions]
-        rewards = np.where(k[None, :] < length[:, None], rewards, 0.0)
-        tail_sums = rewards @ self._fold.T  # [R, n]: sum of the window tail starting at j
-        take = np.where(whole[:, None], k[None, :] < length[:, None], k[None, :] == 0)
-        row, start = np.nonzero(take)
-        out: dict[str, Any] = {}
+        oldest = (self._head[env] - length) % self.n
+        positions = self._positions[oldest]  # [R, n] ring positions, oldest first
+        rewards = self._window["reward"][env[:, None], positions] * self._held[length]
+        tail_sums = rewards @ self._fold.T  # [R, n]: discounted sum of the window tail starting at step j
+        row, start = self._starts[whole.view(np.uint8), length].nonzero()
         src_env, src_pos = env[row], positions[row, start]
+        out: dict[str, Any] = {}
         for name, store in self._window.items():
-            out[name] = tree_map(lambda a: a[src_env, src_pos], store)
-        out["reward"] = tail_sums[row, start].astype(np.float32)
-        for name, value in ends.items():
-            out[name] = tree_map(lambda a: a[row], value)
+            out[name] = (
+                store[src_env, src_pos]
+                if isinstance(store, np.ndarray)
+                else tree_map(lambda a: a[src_env, src_pos], store)
+            )
+        out["reward"] = tail_sums[row, start]
+        last = end_rows[row]
+        for name in ("next_obs", "terminated", "truncated"):
+            out[name] = _take(ends[name], last)
         out["discount"] = self._discounts[length[row] - start]
         out["env_id"] = src_env
         return TransitionBatch(out)
@@ -214,6 +245,12 @@ class NStepTransform:
         self._head = grown(self._head)
         self._length = grown(self._length)
         self._scratch = np.zeros(size, dtype=np.int64)
+        self._allocate_constants(size)
+
+    def _allocate_constants(self, size: int) -> None:
+        # shared by every emitted batch, so read-only: a consumer that writes to one fails loudly
+        self._no_end = _read_only(np.zeros(size, dtype=bool))
+        self._full_discount = _read_only(np.full(size, self._discounts[self.n], dtype=np.float32))
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -247,7 +284,19 @@ class NStepTransform:
         self._head = to_np(state["head"])
         self._length = to_np(state["length"])
         self._scratch = np.zeros(len(self._length), dtype=np.int64)
+        self._allocate_constants(len(self._length))
         self._flush_on_next = True
+
+
+def _take(tree: Any, rows: np.ndarray) -> Any:
+    if isinstance(tree, np.ndarray):
+        return tree.take(rows, axis=0)
+    return {k: _take(v, rows) for k, v in tree.items()}
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
 
 
 def _assign(store: Any, index: Any, value: Any) -> None:

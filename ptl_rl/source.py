@@ -112,6 +112,8 @@ class ExperienceSource:
     int64 [B], plus the agent's extras.
     """
 
+    one_row_per_env = True  # each yielded batch holds at most one transition per sub-env
+
     def __init__(
         self,
         env: Any,
@@ -138,12 +140,17 @@ class ExperienceSource:
         self.action_space = env.single_action_space if self.is_vector else env.action_space
         self.autoreset_mode = _autoreset_mode_of(env, autoreset_mode) if self.is_vector else DISABLED
         self._copy_obs = self.is_vector and not getattr(env, "copy", True)
+        action_shape = getattr(self.action_space, "shape", None)
+        self._action_batch_shape = (self.num_envs, *action_shape) if action_shape is not None else None
         self._agent_reset_state = getattr(agent, "reset_state", None)
         self._agent_on_env_steps = getattr(agent, "on_env_steps", None)
 
         n = self.num_envs
+        # shared by every batch, so read-only: a consumer that writes to one fails loudly
         self._env_ids = np.arange(n, dtype=np.int64) + self.rank * n
         self._discount = np.full(n, self.gamma, dtype=np.float32)
+        self._env_ids.flags.writeable = self._discount.flags.writeable = False
+        self._no_env = np.zeros(n, dtype=bool)
         self._episode_return = np.zeros(n, dtype=np.float64)
         self._episode_length = np.zeros(n, dtype=np.int64)
         self._obs: Any = None
@@ -228,8 +235,8 @@ class ExperienceSource:
         obs = result[0]
         self._obs = obs if self.is_vector and not self._copy_obs else self._batched(obs)
         self._reset_count += 1
-        self._fresh[:] = True
-        self._resetting[:] = False
+        self._fresh = np.ones(self.num_envs, dtype=bool)
+        self._resetting = self._no_env
         self._episode_return[:] = 0.0
         self._episode_length[:] = 0
 
@@ -239,29 +246,37 @@ class ExperienceSource:
         return tree_map(lambda x: np.array(x)[None], obs)
 
     def _act(self) -> tuple[np.ndarray, dict[str, Any]]:
-        if self._agent_reset_state is not None and self._fresh.any():
+        if self._agent_reset_state is not None and np.count_nonzero(self._fresh):
             self._agent_reset_state(self._fresh.copy())
         out = self.agent(self._obs)
-        actions, extras = out if isinstance(out, tuple) else (out, {})
-        actions = _to_numpy(actions)
-        n, shape = self.num_envs, getattr(self.action_space, "shape", None)
-        if actions.ndim == 0 or actions.shape[0] != n or (shape is not None and actions.shape[1:] != tuple(shape)):
+        actions, extras = out if isinstance(out, tuple) else (out, None)
+        if not isinstance(actions, np.ndarray):
+            actions = _to_numpy(actions)
+        if actions.shape != self._action_batch_shape and not self._shape_fits(actions):
+            n, shape = self.num_envs, (self._action_batch_shape or (0, "..."))[1:]
             raise ValueError(
-                f"agent returned actions of shape {actions.shape}; expected {(n, *(shape or ()))} "
-                f"(one action of shape {tuple(shape or ())} for each of the {n} envs). "
+                f"agent returned actions of shape {actions.shape}; expected {(n, *shape)} "
+                f"(one action of shape {shape} for each of the {n} envs). "
                 "Return a batch of actions with a leading env dimension, also for a single env."
             )
+        return actions, self._checked_extras(extras) if extras else {}
+
+    def _shape_fits(self, actions: np.ndarray) -> bool:
+        # spaces without a fixed shape (Dict, Tuple, Text) only need one action per env
+        return self._action_batch_shape is None and actions.ndim > 0 and actions.shape[0] == self.num_envs
+
+    def _checked_extras(self, extras: Mapping[str, Any]) -> dict[str, Any]:
         extras = _to_numpy(dict(extras))
         for name, value in extras.items():
             if name in CORE_FIELDS:
                 raise ValueError(f"agent extra {name!r} collides with a core field; rename it")
             for _, leaf in tree_leaves(value):
-                if leaf.ndim == 0 or leaf.shape[0] != n:
+                if leaf.ndim == 0 or leaf.shape[0] != self.num_envs:
                     raise ValueError(
                         f"agent extra {name!r} has shape {leaf.shape}; "
-                        f"expected a leading dimension of {n} (one row per env)"
+                        f"expected a leading dimension of {self.num_envs} (one row per env)"
                     )
-        return actions, extras
+        return extras
 
     def _env_step(self, actions: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         result = self.env.step(actions if self.is_vector else actions[0])
@@ -283,7 +298,7 @@ class ExperienceSource:
         actions, extras = self._act()
         obs, reward, terminated, truncated, info = self._env_step(actions)
         done = terminated | truncated
-        any_done = bool(done.any())
+        any_done = np.count_nonzero(done) > 0
         next_obs = self._final_obs_from_info(obs, done, info) if any_done and self.autoreset_mode == SAME_STEP else obs
         batch = TransitionBatch(
             {
@@ -298,14 +313,14 @@ class ExperienceSource:
                 **extras,
             }
         )
-        just_reset = self._resetting if self.autoreset_mode == NEXT_STEP and self._resetting.any() else None
+        just_reset = self._resetting if self.autoreset_mode == NEXT_STEP and np.count_nonzero(self._resetting) else None
         if just_reset is not None:
             # these rows only reset their sub-env: (final obs, ignored action, reset obs) is no transition
-            batch = batch.rows(~just_reset)
+            batch = batch.rows((~just_reset).nonzero()[0])
         self._track_episodes(batch.reward, done, any_done, just_reset)
         self._obs = obs
         if self.autoreset_mode == NEXT_STEP and self.is_vector:
-            self._fresh = just_reset if just_reset is not None else np.zeros(self.num_envs, dtype=bool)
+            self._fresh = just_reset if just_reset is not None else self._no_env
             self._resetting = done
         else:
             self._fresh = done

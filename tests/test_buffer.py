@@ -73,9 +73,7 @@ def test_dict_observations_are_stored_per_key() -> None:
     buffer = ReplayBuffer(None, 10, warmup=0, seed=0)
     rows = 6
     base = make_batch(0, rows)
-    batch = TransitionBatch(
-        {**dict(base.items()), "obs": {"pos": base["obs"], "img": np.ones((rows, 2, 2), np.uint8)}}
-    )
+    batch = TransitionBatch({**dict(base.items()), "obs": {"pos": base["obs"], "img": np.ones((rows, 2, 2), np.uint8)}})
     buffer.add(batch)
     sample = buffer.sample(4)
     assert sample["obs"]["img"].shape == (4, 2, 2) and sample["obs"]["img"].dtype == np.uint8

@@ -45,7 +45,10 @@ class PlainQModule(pl.LightningModule):
 
 def trainer(**kwargs) -> pl.Trainer:
     defaults = dict(
-        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
         enable_model_summary=False,
     )
     return pl.Trainer(**{**defaults, **kwargs})
@@ -63,7 +66,7 @@ def test_fit_a_plain_module_through_the_adapter_for_max_steps() -> None:
     assert isinstance(batch, ptl_rl.TorchBatch)
     assert batch.obs.shape == (16, 4) and batch.obs.dtype == torch.float32
     assert batch.terminated.dtype == torch.bool
-    assert any(not torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
     source = ptl_rl.find_stage(sampler, ptl_rl.ExperienceSource)
     # warm-up of 32, then 2 transitions per batch (Lightning prefetches one batch)
     assert 32 + 2 * 25 <= source.total_steps <= 32 + 2 * 27 + 2
@@ -91,7 +94,9 @@ def test_episode_stats_reach_the_logged_metrics() -> None:
     fit.fit(module, train_dataloaders=ptl_rl.to_dataloader(sampler))
     source = ptl_rl.find_stage(sampler, ptl_rl.ExperienceSource)
     assert fit.callback_metrics["env_steps"].item() == pytest.approx(source.total_steps, abs=4)
-    assert fit.callback_metrics["episode/return_mean"].item() == pytest.approx(source.episode_stats()["return_mean"], abs=5)
+    assert fit.callback_metrics["episode/return_mean"].item() == pytest.approx(
+        source.episode_stats()["return_mean"], abs=5
+    )
     assert "env_steps" in fit.progress_bar_metrics
 
 

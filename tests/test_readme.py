@@ -8,7 +8,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def readme_commands() -> list[str]:
-    return [line.strip() for line in (ROOT / "README.rst").read_text().splitlines() if line.strip().startswith("python3 -m venv")]
+    return [
+        line.strip()
+        for line in (ROOT / "README.rst").read_text().splitlines()
+        if line.strip().startswith("python3 -m venv")
+    ]
 
 
 def test_readme_gives_a_demo_and_a_test_command() -> None:
