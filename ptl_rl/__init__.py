@@ -5,7 +5,13 @@
 
 from ptl_rl.agents import DQNAgent, PolicyAgent, TargetNet, obs_to_tensor
 from ptl_rl.batch import CORE_FIELDS, TorchBatch, TransitionBatch
-from ptl_rl.buffers import ArrayStorage, ReplayBuffer
+from ptl_rl.buffers import (
+    ArrayStorage,
+    PrioritizedReplayBuffer,
+    ReplayBuffer,
+    SequenceReplayBuffer,
+    SumTree,
+)
 from ptl_rl.evaluation import evaluate
 from ptl_rl.lightning import (
     EnvStepLimit,
@@ -40,6 +46,9 @@ __all__ = [
     "NStepTransform",
     "PipelineDataset",
     "PolicyAgent",
+    "PrioritizedReplayBuffer",
+    "SequenceReplayBuffer",
+    "SumTree",
     "RLDataModule",
     "ReplayBuffer",
     "TargetNet",

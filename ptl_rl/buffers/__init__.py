@@ -1,6 +1,18 @@
 """Replay storage and buffers."""
 
+from ptl_rl.buffers.prioritized import PrioritizedReplayBuffer, PriorityFeedback
 from ptl_rl.buffers.replay import ReplayBuffer
+from ptl_rl.buffers.sequence import SequenceReplayBuffer
+from ptl_rl.buffers.shuffle import ShuffledPasses
 from ptl_rl.buffers.storage import ArrayStorage
+from ptl_rl.buffers.sumtree import SumTree
 
-__all__ = ["ArrayStorage", "ReplayBuffer"]
+__all__ = [
+    "ArrayStorage",
+    "PrioritizedReplayBuffer",
+    "PriorityFeedback",
+    "ReplayBuffer",
+    "SequenceReplayBuffer",
+    "ShuffledPasses",
+    "SumTree",
+]

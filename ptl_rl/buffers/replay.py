@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ptl_rl.batch import TransitionBatch
+from ptl_rl.buffers.shuffle import ShuffledPasses
 from ptl_rl.buffers.storage import ArrayStorage
 
 
@@ -31,6 +32,11 @@ class ReplayBuffer:
             default ``min(1000, capacity)``.
         transitions_per_yield: transitions pulled from upstream per yield (>= 1).
         seed: seed of the sampling generator.
+        replacement: ``True`` (default) draws every batch uniformly with
+            replacement; ``False`` samples without replacement: shuffled passes
+            in which every stored transition comes exactly once (the last
+            batch of a pass holds the remainder and may be smaller), for
+            epoch-style training on a fixed buffer. See also :meth:`epoch`.
     """
 
     def __init__(
@@ -41,6 +47,7 @@ class ReplayBuffer:
         warmup: int | None = None,
         transitions_per_yield: int = 1,
         seed: int | None = None,
+        replacement: bool = True,
     ) -> None:
         self.storage = ArrayStorage(capacity)
         if warmup is None:
@@ -54,6 +61,8 @@ class ReplayBuffer:
         self.warmup = int(warmup)
         self.transitions_per_yield = int(transitions_per_yield)
         self.rng = np.random.default_rng(seed)
+        self.replacement = bool(replacement)
+        self.passes = ShuffledPasses()  # the order of sampling without replacement
 
     def __len__(self) -> int:
         return len(self.storage)
@@ -78,7 +87,22 @@ class ReplayBuffer:
     def sample(self, batch_size: int) -> TransitionBatch:
         """``batch_size`` transitions drawn uniformly with replacement, as numpy arrays [batch_size, ...]."""
         self._check_batch_size(batch_size)
+        if not self.replacement:
+            return self.storage.gather(self.passes.next(batch_size, len(self.storage), self.rng))
         return self.storage.gather(self.rng.integers(0, len(self.storage), batch_size))
+
+    def epoch(self, batch_size: int) -> Iterator[TransitionBatch]:
+        """One fresh shuffled pass: every stored transition exactly once, in batches of ``batch_size``.
+
+        The last batch holds the remainder. A pass begun by an earlier call or by
+        ``sample`` without replacement is dropped. Add nothing while iterating.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self._check_batch_size(1)  # the buffer holds something
+        self.passes.start(len(self.storage), self.rng)
+        while self.passes.remaining:
+            yield self.storage.gather(self.passes.next(batch_size, len(self.storage), self.rng))
 
     def _check_batch_size(self, batch_size: int) -> None:
         if batch_size < 1:
@@ -92,8 +116,13 @@ class ReplayBuffer:
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Stored transitions (tensors), cursor and RNG state: plain containers, ``weights_only``-safe."""
-        return {"storage": self.storage.state_dict(), "rng": self.rng.bit_generator.state}
+        state = {"storage": self.storage.state_dict(), "rng": self.rng.bit_generator.state}
+        if not self.replacement:
+            state["passes"] = self.passes.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.storage.load_state_dict(state["storage"])
         self.rng.bit_generator.state = state["rng"]
+        if "passes" in state:
+            self.passes.load_state_dict(state["passes"])

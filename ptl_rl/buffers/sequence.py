@@ -1,0 +1,391 @@
+"""SequenceReplayBuffer: windows of consecutive steps of one episode of one env, uniform or prioritized.
+
+Transitions of different envs are interleaved in the ring (a vector env adds
+``N`` rows per step, an n-step stage flushes episode tails at once), so the
+buffer links every stored step to the previous and the next step of the same
+env and episode, at add time and vectorized over the batch:
+
+* ``next_slot[s]`` / ``prev_slot[s]``: the slot of the following / preceding
+  step of the same episode, or ``s`` itself when there is none (yet). A
+  window is then gathered with one ``take`` per time position, and padding
+  falls out by itself: following a self-link repeats the last real step.
+* links are only made within an episode (not after a step with
+  ``terminated | truncated``) and only to steps still stored, and a slot being
+  overwritten cuts the link of its successor, so no window crosses an episode
+  boundary, the write head, or data that is gone.
+* per env the buffer keeps a step counter, the step at which the running
+  episode began, and the slots of its last ``length`` steps; with these a
+  step is marked a *window start* as soon as the ``length - 1`` steps after it
+  in its episode are stored, or, for an episode shorter than ``length``, its
+  first step once the episode ends.
+
+Only window starts are sampled: the sum-tree holds 0 for every other slot, and
+for a start the priority of its window (uniform mode: 1). The priority of a
+window is the one of its start step's slot; new starts get the largest
+priority among the current starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from ptl_rl.batch import TransitionBatch
+from ptl_rl.buffers.prioritized import PrioritizedReplayBuffer, Schedule, _check_reserved
+
+_REQUIRED_FIELDS = ("env_id", "terminated", "truncated")
+
+
+class SequenceReplayBuffer(PrioritizedReplayBuffer):
+    """Replay of sequences: ``B`` windows of ``burn_in + length`` steps, each from one episode of one env.
+
+    Batch layout (numpy from :meth:`sample`, torch after the sampler), with
+    ``T = burn_in + length``:
+
+    * every stored field as ``[B, T, ...]`` (time second): positions
+      ``0 .. burn_in-1`` are the burn-in prefix (the steps before the window
+      start, for warming up a recurrent state), positions ``burn_in .. T-1``
+      the training window, starting at the sampled start step;
+    * ``mask`` bool [B, T]: True where the position holds a real step. The
+      burn-in is padded at the front when the episode began less than
+      ``burn_in`` steps before the start; the window is padded at the end only
+      for episodes shorter than ``length``. A padded position repeats the
+      nearest real step (so ``batch.hidden[:, 0]`` is the stored state of the
+      first real step); mask it out of losses and recurrent updates;
+    * ``indices`` int64 [B] (the start slot), ``generations`` int64 [B], and
+      with ``prioritized=True`` ``weights`` float32 [B] and the
+      ``batch.update_priorities(td_errors [B])`` link (reduce per-step errors
+      to one value per window first).
+
+    A recurrent agent's state is stored like any agent extra (any field name,
+    one row per step) and comes back per position.
+
+    Args:
+        length: steps in the training window, ``>= 1``.
+        burn_in: steps before the window, ``>= 0``.
+        prioritized: sample windows proportionally to ``priority ** alpha`` of
+            their start (with importance weights), else uniformly over the
+            window starts.
+        upstream, capacity, alpha, beta, beta_clock, eps, stratified, warmup,
+            transitions_per_yield, seed: as for
+            :class:`~ptl_rl.buffers.PrioritizedReplayBuffer` (``alpha``,
+            ``beta``, ``beta_clock`` only matter with ``prioritized``).
+
+    Feed it 1-step transitions (straight from an ``ExperienceSource``): an
+    episode ends at the step with ``terminated | truncated``. Stored batches
+    need ``env_id``, ``terminated`` and ``truncated``; rows of one env must
+    arrive in time order (any interleaving across envs).
+    """
+
+    def __init__(
+        self,
+        upstream: Iterator[TransitionBatch] | None = None,
+        capacity: int = 100_000,
+        *,
+        length: int,
+        burn_in: int = 0,
+        prioritized: bool = False,
+        alpha: float = 0.6,
+        beta: float | Schedule = 0.4,
+        beta_clock: str = "learner",
+        eps: float = 1e-6,
+        stratified: bool = True,
+        warmup: int = 1_000,
+        transitions_per_yield: int = 1,
+        seed: int | None = None,
+    ) -> None:
+        if not isinstance(length, (int, np.integer)) or length < 1:
+            raise ValueError(f"length must be an integer >= 1, got {length!r}")
+        if not isinstance(burn_in, (int, np.integer)) or burn_in < 0:
+            raise ValueError(f"burn_in must be an integer >= 0, got {burn_in!r}")
+        super().__init__(
+            upstream,
+            capacity,
+            alpha=alpha if prioritized else 0.0,  # alpha 0: every window start has leaf 1, i.e. uniform
+            beta=beta,
+            beta_clock=beta_clock,
+            eps=eps,
+            stratified=stratified,
+            warmup=warmup,
+            transitions_per_yield=transitions_per_yield,
+            seed=seed,
+        )
+        self.length = int(length)
+        self.burn_in = int(burn_in)
+        self.prioritized = bool(prioritized)
+        slots = np.arange(self.capacity, dtype=np.int64)
+        self.next_slot = slots.copy()  # self-link: no following step (yet)
+        self.prev_slot = slots.copy()  # self-link: no preceding step stored
+        self._env_steps = np.zeros(0, dtype=np.int64)  # steps added per env (the next step's number)
+        self._episode_start = np.zeros(0, dtype=np.int64)  # step number at which each env's episode began
+        self._recent_slot = np.zeros((0, self.length), dtype=np.int64)  # slot of step k at [env, k % length]
+        self._recent_gen = np.full((0, self.length), -1, dtype=np.int64)  # its generation, to see overwrites
+
+    @property
+    def num_windows(self) -> int:
+        """Number of window starts that can be sampled now."""
+        return int(np.count_nonzero(self.tree.leaves[: len(self.storage)]))
+
+    # ------------------------------------------------------------------ adding
+    def add(self, batch: TransitionBatch) -> np.ndarray:
+        """Store the ``B`` steps of ``batch`` and link them into their episodes; returns their slots (int64 [B])."""
+        _check_reserved(batch)
+        missing = [name for name in _REQUIRED_FIELDS if name not in batch]
+        if missing:
+            raise ValueError(f"a SequenceReplayBuffer needs the fields {missing} to find episodes; add them per step")
+        if len(batch) > self.capacity:  # only the newest `capacity` rows survive; link them chunk by chunk
+            out = [self.add(batch.rows(slice(lo, lo + self.capacity))) for lo in range(0, len(batch), self.capacity)]
+            return out[-1]
+        env = np.asarray(batch["env_id"], dtype=np.int64)
+        if len(env) and env.min() < 0:
+            raise ValueError(f"env_id must be >= 0, got {env.min()}")
+        old_size = len(self.storage)
+        slots = self.storage.add(batch)
+        if len(slots) == 0:
+            return slots
+        self._stamp(slots)
+        best = self._max_priority_kept(slots, old_size)  # over the starts not overwritten now
+        overwrote = old_size + len(slots) > self.capacity
+        if overwrote:
+            self._unlink(slots)
+        starts = self._link(slots, env, np.asarray(batch["terminated"]) | np.asarray(batch["truncated"]))
+        if overwrote:  # one tree update: overwritten slots drop out (0), new starts come in at `best`
+            self._set_leaves(slots, starts, best)
+        elif len(starts):
+            self.tree.update(starts, best)
+        return slots
+
+    def _unlink(self, slots: np.ndarray) -> None:
+        """Forget the links of what the overwritten ``slots`` held, and the links into them."""
+        successor = self.next_slot.take(slots)
+        cut = successor != slots
+        self.prev_slot[successor[cut]] = successor[cut]  # the step after an overwritten one starts the stored part
+        self.next_slot[slots] = slots
+        self.prev_slot[slots] = slots
+
+    def _set_leaves(self, slots: np.ndarray, starts: np.ndarray, best: float) -> None:
+        """Leaves of the written ``slots`` (a contiguous ring range) to 0, of ``starts`` to ``best``, in one update."""
+        values = np.zeros(len(slots))
+        offset = (starts - slots[0]) % self.capacity
+        inside = offset < len(slots)  # new starts among the rows just written (windows shorter than the batch)
+        values[offset[inside]] = best
+        outside = starts[~inside]
+        self.tree.update(np.concatenate([slots, outside]), np.concatenate([values, np.full(len(outside), best)]))
+
+    def _link(self, slots: np.ndarray, env: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """Link the new steps to their predecessors; returns the slots that just became window starts.
+
+        Vectorized over the rows: rows are grouped by env (stable, so time order
+        is kept within an env), and every row gets its per-env step number
+        ``k`` and the step number at which its episode began.
+        """
+        self._grow(int(env.max()) + 1)
+        n = len(slots)
+        order = np.argsort(env, kind="stable")
+        env, done, slots = env[order], done[order], slots[order]
+        first = np.ones(n, dtype=bool)
+        first[1:] = env[1:] != env[:-1]
+        if first.all():  # one row per env, as from a vector env step
+            return self._link_unique(slots, env, done)
+        rows = np.arange(n)
+        group_start = np.maximum.accumulate(np.where(first, rows, 0))
+        k0 = self._env_steps[env]  # per-env step number of the env's first row in this batch
+        k = k0 + rows - group_start
+        after_done = np.zeros(n, dtype=bool)
+        after_done[1:] = done[:-1] & ~first[1:]
+        # a first row starts an episode when its env's episode ended before this batch
+        begins = after_done | (first & (self._episode_start[env] == k0))
+        # episode start of each row: from the last row at or before it (in its group) that knows it
+        source = np.maximum.accumulate(np.where(begins | first, rows, 0))
+        episode_start = np.where(begins, k, self._episode_start[env])[source]
+
+        # links inside the batch: consecutive rows of one env and episode
+        inner = np.flatnonzero(~first & ~after_done)
+        self.next_slot[slots[inner - 1]] = slots[inner]
+        self.prev_slot[slots[inner]] = slots[inner - 1]
+        # links to the env's last step from earlier batches
+        self._link_to_earlier(slots, env, k0, first & ~begins)
+
+        starts = self._new_starts(env, k, k0, group_start, episode_start, done, slots)
+        last = np.ones(n, dtype=bool)
+        last[:-1] = first[1:]
+        group_end_k = np.repeat(k[last], np.diff(np.append(np.flatnonzero(first), n)))
+        keep = k > group_end_k - self.length  # only the newest `length` steps of each env fit the ring
+        self._remember(env[keep], k[keep], slots[keep])
+        self._close(env[last], k[last], episode_start[last], done[last])
+        return starts
+
+    def _link_unique(self, slots: np.ndarray, env: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """:meth:`_link` for a batch with one row per env: no grouping needed."""
+        k = self._env_steps[env]
+        episode_start = self._episode_start[env]
+        self._link_to_earlier(slots, env, k, episode_start != k)
+        starts = self._new_starts(env, k, k, np.arange(len(k)), episode_start, done, slots)
+        self._remember(env, k, slots)
+        self._close(env, k, episode_start, done)
+        return starts
+
+    def _link_to_earlier(self, slots: np.ndarray, env: np.ndarray, k: np.ndarray, cont: np.ndarray) -> None:
+        """Link the rows ``cont`` (bool [n]) to their env's step ``k - 1`` of an earlier batch, if still stored."""
+        rows = np.flatnonzero(cont)
+        if len(rows) == 0:
+            return
+        pred, ok = self._recent(env[rows], k[rows] - 1)
+        pred, new = pred[ok], slots[rows[ok]]
+        self.next_slot[pred] = new
+        self.prev_slot[new] = pred
+
+    def _new_starts(
+        self,
+        env: np.ndarray,
+        k: np.ndarray,
+        k0: np.ndarray,
+        group_start: np.ndarray,
+        episode_start: np.ndarray,
+        done: np.ndarray,
+        slots: np.ndarray,
+    ) -> np.ndarray:
+        """Slots that became window starts: full windows ending at a new row, and starts of short episodes."""
+        length = self.length
+        steps_in = k - episode_start  # steps of the episode before each row
+        which = np.flatnonzero(steps_in >= length - 1)  # the window ending at this row lies in one episode
+        step = k[which] - (length - 1)
+        if done.any():  # a whole episode shorter than the window just ended: its first step
+            short = np.flatnonzero(done & (steps_in < length - 1))
+            which = np.concatenate([which, short])
+            step = np.concatenate([step, episode_start[short]])
+        if len(which) == 0:
+            return which
+        in_batch = step >= k0[which]
+        if not in_batch.any():
+            slot, ok = self._recent(env[which], step)
+            return slot[ok]
+        found = np.empty(len(step), dtype=np.int64)
+        found[in_batch] = slots[group_start[which[in_batch]] + step[in_batch] - k0[which[in_batch]]]
+        old, ok = self._recent(env[which[~in_batch]], step[~in_batch])
+        found[~in_batch] = np.where(ok, old, -1)
+        return found[found >= 0]
+
+    def _recent(self, env: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Slots of the env's recent steps ``step`` (int [R]) and whether each is still stored (bool [R]).
+
+        ``step`` must be one of the env's last ``length`` steps (those are in the ring).
+        """
+        flat = env * self.length + step % self.length
+        slot = self._recent_slot.reshape(-1)[flat]
+        return slot, self._recent_gen.reshape(-1)[flat] == self.generations[slot]
+
+    def _remember(self, env: np.ndarray, k: np.ndarray, slots: np.ndarray) -> None:
+        """Put the slots of the env's steps ``k`` in the ring of recent steps (at most ``length`` per env)."""
+        flat = env * self.length + k % self.length
+        self._recent_slot.reshape(-1)[flat] = slots
+        self._recent_gen.reshape(-1)[flat] = self.generations[slots]
+
+    def _close(self, env: np.ndarray, k: np.ndarray, episode_start: np.ndarray, done: np.ndarray) -> None:
+        """After the last row ``k`` of each env: its step count and where its episode (or the next) began."""
+        self._env_steps[env] = k + 1
+        self._episode_start[env] = np.where(done, k + 1, episode_start)
+
+    def _grow(self, num_envs: int) -> None:
+        if num_envs <= len(self._env_steps):
+            return
+        grow = max(num_envs, 2 * len(self._env_steps)) - len(self._env_steps)
+        self._env_steps = np.concatenate([self._env_steps, np.zeros(grow, dtype=np.int64)])
+        self._episode_start = np.concatenate([self._episode_start, np.zeros(grow, dtype=np.int64)])
+        self._recent_slot = np.concatenate([self._recent_slot, np.zeros((grow, self.length), dtype=np.int64)])
+        self._recent_gen = np.concatenate([self._recent_gen, np.full((grow, self.length), -1, dtype=np.int64)])
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, batch_size: int) -> TransitionBatch:
+        """``batch_size`` windows as numpy arrays ``[B, burn_in + length, ...]`` with ``mask`` (see the class)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not self.tree.total > 0.0:
+            raise ValueError(
+                f"no window of {self.length} steps is stored yet ({len(self.storage)} steps in the buffer); "
+                "raise warmup so that sampling starts once episodes have run for `length` steps"
+            )
+        if self.prioritized:
+            starts, weights = self._draw(batch_size)
+        else:
+            starts, weights = self._draw_uniform(batch_size), None
+        slots, mask = self.window_slots(starts)
+        batch = self.storage.gather(slots)
+        batch["mask"] = mask
+        return self._finish(batch, starts, weights)
+
+    def _draw_uniform(self, batch_size: int) -> np.ndarray:
+        self.batches_sampled += 1
+        return self.tree.sample(self.rng.random(batch_size), self.stratified)[0]
+
+    def window_slots(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Slots ``[B, burn_in + length]`` of the windows starting at ``starts`` (int [B]), and their mask.
+
+        One ``take`` per time position (a loop over positions, never over rows).
+        A self-link ends a chain, so padding repeats the nearest real step and
+        the mask is where a position differs from its neighbour towards the start.
+        """
+        steps, k = self.burn_in + self.length, self.burn_in
+        out = np.empty((steps, len(starts)), dtype=np.int64)
+        out[k] = starts
+        next_slot, prev_slot = self.next_slot, self.prev_slot
+        for t in range(k + 1, steps):  # (np.take with out= is several times slower than this)
+            out[t] = next_slot[out[t - 1]]
+        for t in range(k - 1, -1, -1):
+            out[t] = prev_slot[out[t + 1]]
+        mask = np.empty(out.shape, dtype=bool)
+        mask[k] = True
+        np.not_equal(out[k + 1 :], out[k:-1], out=mask[k + 1 :])
+        np.not_equal(out[:k], out[1 : k + 1], out=mask[:k])
+        return np.ascontiguousarray(out.T), np.ascontiguousarray(mask.T)
+
+    # ------------------------------------------------------------------ priorities
+    def update_priorities(self, indices: Any, priorities: Any, generations: Any = None) -> int:
+        """Set the priorities of the windows starting at ``indices`` (see the parent class); prioritized mode only."""
+        if not self.prioritized:
+            raise TypeError("this SequenceReplayBuffer samples uniformly; create it with prioritized=True")
+        return super().update_priorities(indices, priorities, generations)
+
+    def _check_targets(self, idx: np.ndarray) -> None:
+        if len(idx) and not (self.tree.get(idx) > 0.0).all():
+            bad = idx[self.tree.get(idx) <= 0.0][:5].tolist()
+            raise ValueError(
+                f"slots {bad} are not window starts; pass the indices of a batch sampled from this buffer "
+                "(with its generations). The priorities are unchanged."
+            )
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """As the parent's, plus the episode links and per-env counters (``weights_only``-safe)."""
+        size = len(self.storage)
+        state = super().state_dict()
+        state.update(
+            next_slot=torch.from_numpy(self.next_slot[:size].copy()),
+            prev_slot=torch.from_numpy(self.prev_slot[:size].copy()),
+            env_steps=torch.from_numpy(self._env_steps.copy()),
+            recent_slot=torch.from_numpy(self._recent_slot.copy()),
+            recent_gen=torch.from_numpy(self._recent_gen.copy()),
+        )
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a saved state. Episodes in flight are closed: the source starts new ones after a restore."""
+        if tuple(state["recent_slot"].shape[1:]) != (self.length,):
+            raise ValueError(
+                f"the state was saved with length={state['recent_slot'].shape[1]}, this buffer has length="
+                f"{self.length}; create the buffer with the checkpoint's length"
+            )
+        super().load_state_dict(state)
+        size = len(self.storage)
+        self.next_slot = np.arange(self.capacity, dtype=np.int64)
+        self.prev_slot = self.next_slot.copy()
+        self.next_slot[:size] = state["next_slot"].numpy()
+        self.prev_slot[:size] = state["prev_slot"].numpy()
+        self._env_steps = state["env_steps"].numpy().copy()
+        # no step after the restore may link to a step before it
+        self._episode_start = self._env_steps.copy()
+        self._recent_slot = state["recent_slot"].numpy().copy()
+        self._recent_gen = state["recent_gen"].numpy().copy()
