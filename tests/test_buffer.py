@@ -174,7 +174,7 @@ def test_bad_buffer_arguments(kwargs, message) -> None:
         ReplayBuffer(None, **kwargs)
 
 
-def test_stage_waits_for_warmup_then_pulls_transitions_per_yield() -> None:
+def test_stage_waits_for_warmup_then_yields_once_per_transitions_per_yield() -> None:
     pulls = []
 
     def upstream():
@@ -186,7 +186,26 @@ def test_stage_waits_for_warmup_then_pulls_transitions_per_yield() -> None:
 
     buffer = ReplayBuffer(upstream(), 100, warmup=10, transitions_per_yield=5)
     assert next(buffer) is buffer
-    assert len(buffer) == 12  # 4 pulls of 3 reach the warm-up of 10
-    next(buffer)
-    assert len(buffer) == 18  # 5 more transitions need 2 more pulls
-    assert len(pulls) == 6
+    assert len(buffer) == 12  # 4 pulls of 3 reach the warm-up of 10 and pay for the first yield
+    yields = 0
+    while len(pulls) < 4 + 50:
+        next(buffer)
+        yields += 1
+    # then on average one yield per 5 collected transitions (3 per pull)
+    assert abs(yields - 50 * 3 / 5) <= 1
+
+
+def test_several_yields_per_pull_when_a_pull_brings_more_than_transitions_per_yield() -> None:
+    pulls = []
+
+    def upstream():
+        start = 0
+        while True:
+            pulls.append(start)
+            yield make_batch(start, 8)
+            start += 8
+
+    buffer = ReplayBuffer(upstream(), 100, warmup=0, transitions_per_yield=2)
+    for _ in range(12):
+        next(buffer)
+    assert len(pulls) == 3  # 8 transitions per pull pay for 4 yields

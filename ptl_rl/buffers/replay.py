@@ -15,12 +15,16 @@ from ptl_rl.buffers.storage import ArrayStorage
 class ReplayBuffer:
     """Uniform replay over a preallocated ring of transitions.
 
-    As a pipeline stage, each ``next()`` pulls at least ``transitions_per_yield``
-    transitions from ``upstream`` into the buffer (the first one also waits
-    until ``warmup`` transitions are stored) and yields the buffer itself, for a
-    :class:`~ptl_rl.sampler.BatchSampler` to draw from. With one sampled batch
-    per yield, the replay ratio is ``batch_size / transitions_per_yield``
-    sampled transitions per collected one.
+    As a pipeline stage, each ``next()`` yields the buffer itself, for a
+    :class:`~ptl_rl.sampler.BatchSampler` to draw from, after collecting on
+    average ``transitions_per_yield`` transitions from ``upstream``: pulled
+    transitions are credited, and each yield spends ``transitions_per_yield``
+    of the credit. So with 8 envs (8 transitions per pull) and
+    ``transitions_per_yield=2`` the buffer yields 4 times per pull, and with
+    ``transitions_per_yield=16`` once every 2 pulls. The first yield also waits
+    until ``warmup`` transitions are stored (the warm-up pays for that first
+    yield only). With one sampled batch per yield, the replay ratio is
+    ``batch_size / transitions_per_yield`` sampled transitions per collected one.
 
     On its own it is a plain buffer: :meth:`add`, :meth:`sample`, ``len()``.
 
@@ -30,7 +34,7 @@ class ReplayBuffer:
         capacity: number of transitions kept; the oldest are overwritten.
         warmup: transitions stored before the first yield (``<= capacity``);
             default ``min(1000, capacity)``.
-        transitions_per_yield: transitions pulled from upstream per yield (>= 1).
+        transitions_per_yield: transitions collected from upstream per yield, on average (>= 1).
         seed: seed of the sampling generator.
         replacement: ``True`` (default) draws every batch uniformly with
             replacement; ``False`` samples without replacement: shuffled passes
@@ -63,6 +67,7 @@ class ReplayBuffer:
         self.rng = np.random.default_rng(seed)
         self.replacement = bool(replacement)
         self.passes = ShuffledPasses()  # the order of sampling without replacement
+        self._credit = 0  # transitions collected but not yet spent on a yield
 
     def __len__(self) -> int:
         return len(self.storage)
@@ -74,9 +79,12 @@ class ReplayBuffer:
     def __next__(self) -> ReplayBuffer:
         if self.upstream is None:
             raise TypeError("this ReplayBuffer has no upstream to pull from; use add() and sample()")
-        pulled = 0
-        while pulled < self.transitions_per_yield or len(self) < self.warmup:
-            pulled += len(self.add(next(self.upstream)))
+        warming_up = len(self) < self.warmup
+        while len(self) < self.warmup or self._credit < self.transitions_per_yield:
+            self._credit += len(self.add(next(self.upstream)))
+        if warming_up:  # the warm-up pays for the first yield only, not for a burst of them
+            self._credit = min(self._credit, self.transitions_per_yield)
+        self._credit -= self.transitions_per_yield
         return self
 
     # ------------------------------------------------------------------ buffer
@@ -116,7 +124,7 @@ class ReplayBuffer:
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Stored transitions (tensors), cursor and RNG state: plain containers, ``weights_only``-safe."""
-        state = {"storage": self.storage.state_dict(), "rng": self.rng.bit_generator.state}
+        state = {"storage": self.storage.state_dict(), "rng": self.rng.bit_generator.state, "credit": self._credit}
         if not self.replacement:
             state["passes"] = self.passes.state_dict()
         return state
@@ -124,5 +132,6 @@ class ReplayBuffer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.storage.load_state_dict(state["storage"])
         self.rng.bit_generator.state = state["rng"]
+        self._credit = int(state["credit"])
         if "passes" in state:
             self.passes.load_state_dict(state["passes"])

@@ -1,0 +1,286 @@
+"""DQN (double DQN, n-step returns) as a LightningModule, fed by a ptl_rl replay pipeline.
+
+    python -m ptl_rl.examples.dqn --env-id CartPole-v1 --env-steps 50000 --seed 0
+
+Read it top to bottom, CleanRL style:
+
+1. ``parse_args``: every hyperparameter is a flag; the defaults solve CartPole-v1
+   (greedy mean return >= 475) in about 15k env steps and a few CPU seconds.
+2. ``QNetwork``: an MLP from observations to one Q-value per action.
+3. ``DQN``: the LightningModule. ``training_step`` gets a ``ptl_rl.TorchBatch``
+   and regresses Q(obs, action) onto the bootstrapped target
+   ``reward + discount * (1 - terminated) * Q_target(next_obs, a*)`` with a
+   Huber loss. ``reward`` and ``discount`` come with the batch (an n-step
+   transition carries the discounted reward sum and gamma**k), so the module
+   never computes gamma**n itself. The target network is a ``ptl_rl.TargetNet``,
+   synced every ``--target-sync-every`` gradient steps.
+4. ``GreedyEvaluation``: a callback that runs the greedy policy (epsilon 0) on a
+   separate env every ``--eval-every`` env steps and stops training once its
+   mean return reaches ``--solved-return``.
+5. ``train``: builds the vector env, the epsilon-greedy ``DQNAgent`` and the
+   pipeline ``ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler``,
+   fits, and evaluates the final weights on fresh episodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from pytorch_lightning.callbacks import TQDMProgressBar
+from pytorch_lightning.loggers import CSVLogger
+from torch import nn
+
+import ptl_rl
+
+
+# ---------------------------------------------------------------------------- arguments
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    # run
+    p.add_argument("--env-id", default="CartPole-v1", help="gymnasium id of an env with a Discrete action space")
+    p.add_argument("--env-steps", type=int, default=50_000, help="budget of env steps (all sub-envs together)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-envs", type=int, default=4, help="sub-envs of the training vector env")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (torch.set_num_threads)")
+    p.add_argument("--accelerator", default="cpu", help="Lightning accelerator; a small MLP is fastest on the CPU")
+    p.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--log-every", type=int, default=100, help="gradient steps between logged metrics")
+    p.add_argument("--log-dir", default=None, help="also write the metrics to a CSV logger there")
+    # algorithm
+    p.add_argument("--gamma", type=float, default=0.99)
+    p.add_argument("--n-step", type=int, default=3, help="n of the n-step returns (NStepTransform)")
+    p.add_argument("--double", action=argparse.BooleanOptionalAction, default=True, help="double DQN targets")
+    p.add_argument("--hidden", type=int, default=64, help="width of the two hidden layers")
+    p.add_argument("--lr", type=float, default=5e-3)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--buffer-size", type=int, default=50_000)
+    p.add_argument("--learning-starts", type=int, default=1_000, help="transitions stored before the first update")
+    p.add_argument(
+        "--train-every",
+        type=int,
+        default=4,
+        help="env steps collected per gradient step (the replay ratio is batch-size / train-every); "
+        "one vector step brings num-envs transitions, so values below --num-envs act as --num-envs",
+    )
+    p.add_argument("--target-sync-every", type=int, default=50, help="gradient steps between target-net syncs")
+    p.add_argument("--tau", type=float, default=1.0, help="target sync rate: 1 copies (hard), < 1 Polyak-averages")
+    p.add_argument("--eps-start", type=float, default=1.0)
+    p.add_argument("--eps-end", type=float, default=0.05)
+    p.add_argument("--eps-decay-steps", type=int, default=10_000, help="env steps of the linear epsilon decay")
+    # evaluation
+    p.add_argument("--eval-every", type=int, default=2_500, help="env steps between greedy evaluations (0: never)")
+    p.add_argument("--eval-episodes", type=int, default=20)
+    p.add_argument("--solved-return", type=float, default=475.0, help="stop once the greedy mean return reaches it")
+    p.add_argument("--final-eval-episodes", type=int, default=20)
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------- Q-network
+class QNetwork(nn.Module):
+    """obs [B, obs_dim] -> Q-values float [B, num_actions]."""
+
+    def __init__(self, obs_dim: int, num_actions: int, hidden: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(obs_dim, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, num_actions),
+        )
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs.flatten(1).float())
+
+
+# ---------------------------------------------------------------------------- learner
+class DQN(pl.LightningModule):
+    def __init__(
+        self,
+        obs_dim: int,
+        num_actions: int,
+        hidden: int = 64,
+        lr: float = 5e-3,
+        double: bool = True,
+        target_sync_every: int = 50,
+        tau: float = 1.0,
+        log_every: int = 100,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.q_net = QNetwork(obs_dim, num_actions, hidden)
+        self.target_net = ptl_rl.TargetNet(self.q_net)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.q_net(obs)
+
+    def training_step(self, batch: ptl_rl.TorchBatch, batch_idx: int) -> torch.Tensor:
+        # Q(obs, action) of the actions that were taken
+        q_taken = self.q_net(batch.obs).gather(1, batch.action.long().unsqueeze(1)).squeeze(1)
+        with torch.no_grad():
+            next_q = self.target_net(batch.next_obs)
+            if self.hparams.double:
+                # double DQN: the online network picks the next action, the target network values it
+                next_action = self.q_net(batch.next_obs).argmax(dim=1, keepdim=True)
+                next_value = next_q.gather(1, next_action).squeeze(1)
+            else:
+                next_value = next_q.max(dim=1).values
+            # ptl_rl's one target rule: discount is gamma**k for the k rewards summed into `reward`
+            target = batch.reward + batch.discount * (1.0 - batch.terminated.float()) * next_value
+        loss = F.smooth_l1_loss(q_taken, target)
+        if batch_idx % self.hparams.log_every == 0:  # a Lightning self.log costs about as much as this whole step
+            self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+            self.log("train/q_mean", q_taken.mean(), on_step=True, on_epoch=False)
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # global_step counts optimizer steps, so this syncs every `target_sync_every` gradient steps
+        if self.global_step % self.hparams.target_sync_every == 0:
+            if self.hparams.tau >= 1.0:
+                self.target_net.sync()
+            else:
+                self.target_net.soft_sync(self.hparams.tau)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        # fused: one kernel for all parameters, about 3x faster than the default on a small net
+        return torch.optim.Adam(self.q_net.parameters(), lr=self.hparams.lr, fused=True)
+
+
+# ---------------------------------------------------------------------------- evaluation
+def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
+    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
+
+
+def greedy_return(q_net: nn.Module, env: gym.vector.VectorEnv, episodes: int, seed: int) -> float:
+    """Mean undiscounted return of ``episodes`` greedy (epsilon 0) episodes in ``env``."""
+    agent = ptl_rl.DQNAgent(q_net, ptl_rl.ArgmaxSelector())
+    return float(ptl_rl.evaluate(env, agent, episodes, seed=seed).mean())
+
+
+class GreedyEvaluation(pl.Callback):
+    """Every ``every`` env steps, evaluate the greedy policy; stop training once it reaches ``solved_return``."""
+
+    def __init__(
+        self, pipeline: Any, env: gym.vector.VectorEnv, every: int, episodes: int, solved_return: float, seed: int
+    ) -> None:
+        super().__init__()
+        self.source: ptl_rl.ExperienceSource = ptl_rl.find_stage(pipeline, ptl_rl.ExperienceSource)
+        self.env, self.every, self.episodes, self.solved_return, self.seed = env, every, episodes, solved_return, seed
+        self.next_eval = every
+        self.history: list[tuple[int, float]] = []  # (env steps, greedy mean return)
+        self.solved_at: int | None = None
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: DQN, *args: Any) -> None:
+        steps = self.source.total_steps
+        if self.every <= 0 or steps < self.next_eval:
+            return
+        self.next_eval = steps - steps % self.every + self.every
+        seed = self.seed + 1_000 * len(self.history)  # fresh start states at every evaluation
+        mean_return = greedy_return(pl_module.q_net, self.env, self.episodes, seed)
+        self.history.append((steps, mean_return))
+        pl_module.log("eval/return_mean", mean_return, prog_bar=True, on_step=True, on_epoch=False)
+        if mean_return >= self.solved_return:
+            self.solved_at = steps
+            trainer.should_stop = True
+
+
+# ---------------------------------------------------------------------------- training
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """Train, then evaluate the final weights on fresh episodes; returns the run's summary."""
+    start, start_cpu = time.perf_counter(), time.process_time()
+    torch.set_num_threads(args.threads)
+    pl.seed_everything(args.seed, verbose=False)
+
+    env = make_env(args.env_id, args.num_envs)
+    eval_env = make_env(args.env_id, args.eval_episodes)
+    obs_dim = int(np.prod(env.single_observation_space.shape))
+    num_actions = int(env.single_action_space.n)
+    model = DQN(
+        obs_dim, num_actions, args.hidden, args.lr, args.double, args.target_sync_every, args.tau, args.log_every
+    )
+
+    # the agent acts with the learner's current Q-network; ExperienceSource forwards the env-step count to epsilon
+    epsilon = ptl_rl.LinearSchedule(args.eps_start, args.eps_end, args.eps_decay_steps)
+    agent = ptl_rl.DQNAgent(model.q_net, ptl_rl.EpsilonGreedySelector(epsilon, seed=args.seed))
+
+    # ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler: one batch per --train-every env steps
+    source = ptl_rl.ExperienceSource(env, agent, gamma=args.gamma, seed=args.seed)
+    nstep = ptl_rl.NStepTransform(source, n=args.n_step, gamma=args.gamma)
+    buffer = ptl_rl.ReplayBuffer(
+        nstep,
+        capacity=args.buffer_size,
+        warmup=max(args.learning_starts, args.batch_size),
+        transitions_per_yield=args.train_every,
+        seed=args.seed,
+    )
+    pipeline = ptl_rl.BatchSampler(buffer, batch_size=args.batch_size)
+
+    evaluation = GreedyEvaluation(
+        pipeline, eval_env, args.eval_every, args.eval_episodes, args.solved_return, seed=args.seed + 10_000
+    )
+    callbacks: list[pl.Callback] = [
+        ptl_rl.EpisodeStatsLogger(pipeline, every_n_steps=args.log_every),
+        ptl_rl.EnvStepLimit(pipeline, args.env_steps),
+        evaluation,
+    ]
+    if args.progress_bar:
+        callbacks.append(TQDMProgressBar(refresh_rate=args.log_every))
+    trainer = pl.Trainer(
+        accelerator=args.accelerator,
+        devices=1,
+        max_epochs=-1,  # one endless epoch over the live pipeline, ended by EnvStepLimit or GreedyEvaluation
+        logger=CSVLogger(args.log_dir, name="dqn") if args.log_dir else False,
+        log_every_n_steps=args.log_every,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=args.progress_bar,
+        callbacks=callbacks,
+    )
+    with warnings.catch_warnings():
+        # num_workers=0 is deliberate: the agent must act with the learner's weights, in this process
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        trainer.fit(model, train_dataloaders=ptl_rl.to_dataloader(pipeline))
+    train_time = time.perf_counter() - start
+
+    final_env = make_env(args.env_id, args.final_eval_episodes)
+    final_return = greedy_return(model.q_net.cpu(), final_env, args.final_eval_episodes, seed=args.seed + 1_000_000)
+    for e in (env, eval_env, final_env):
+        e.close()
+    return {
+        "final_eval_return": final_return,
+        "env_steps": source.total_steps,
+        "gradient_steps": trainer.global_step,
+        "solved_at_env_steps": evaluation.solved_at,
+        "eval_history": evaluation.history,
+        "train_time_s": train_time,
+        "wall_time_s": time.perf_counter() - start,
+        "cpu_time_s": time.process_time() - start_cpu,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    result = train(args)
+    solved = result["solved_at_env_steps"]
+    print(
+        f"{args.env_id} seed {args.seed}: "
+        + (f"solved at {solved} env steps" if solved is not None else "not solved within the budget")
+        + f"; final greedy return {result['final_eval_return']:.1f} over {args.final_eval_episodes} fresh episodes"
+        + f"; {result['env_steps']} env steps, {result['gradient_steps']} gradient steps"
+        + f", wall time {result['wall_time_s']:.1f} s"
+    )
+    return result
+
+
+if __name__ == "__main__":
+    main()
