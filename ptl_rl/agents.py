@@ -18,6 +18,21 @@ def _module_device(net: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+class _DeviceOf:
+    """The device of a module's first parameter, read on every call.
+
+    ``Module.to()`` moves parameters in place (the Parameter object stays), so
+    holding on to the first one follows the module across devices without
+    walking ``parameters()`` on every step.
+    """
+
+    def __init__(self, net: nn.Module) -> None:
+        self._probe = next(iter(net.parameters()), None)
+
+    def __call__(self) -> torch.device:
+        return self._probe.device if self._probe is not None else torch.device("cpu")
+
+
 def obs_to_tensor(obs: Any, device: torch.device) -> Any:
     """Numpy observations (array or dict of arrays) -> tensors on ``device``.
 
@@ -42,10 +57,11 @@ class DQNAgent:
     def __init__(self, net: nn.Module, selector: Any | None = None) -> None:
         self.net = net
         self.selector = selector if selector is not None else EpsilonGreedySelector()
+        self._device = _DeviceOf(net)
 
     @torch.no_grad()
     def __call__(self, obs: Any) -> np.ndarray:
-        q = self.net(obs_to_tensor(obs, _module_device(self.net)))
+        q = self.net(obs_to_tensor(obs, self._device()))
         return self.selector(q.cpu().numpy())
 
     def on_env_steps(self, total_steps: int) -> None:
@@ -63,6 +79,7 @@ class PolicyAgent:
 
     def __init__(self, net: nn.Module, greedy: bool = False, seed: int | None = None) -> None:
         self.net = net
+        self._device = _DeviceOf(net)
         self.greedy = greedy
         self.generator = torch.Generator()
         if seed is not None:
@@ -70,7 +87,7 @@ class PolicyAgent:
 
     @torch.no_grad()
     def __call__(self, obs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        logits = self.net(obs_to_tensor(obs, _module_device(self.net))).float().cpu()
+        logits = self.net(obs_to_tensor(obs, self._device())).float().cpu()
         log_probs = torch.log_softmax(logits, dim=-1)
         if self.greedy:
             actions = log_probs.argmax(dim=-1)
@@ -111,7 +128,7 @@ class TargetNet(nn.Module):
     def soft_sync(self, tau: float) -> None:
         if not 0.0 < tau <= 1.0:
             raise ValueError(f"tau must be in (0, 1], got {tau}")
-        for target, source in zip(self.target.parameters(), self.model.parameters()):
+        for target, source in zip(self.target.parameters(), self.model.parameters(), strict=True):
             target.lerp_(source, tau)
-        for target, source in zip(self.target.buffers(), self.model.buffers()):
+        for target, source in zip(self.target.buffers(), self.model.buffers(), strict=True):
             target.copy_(source)
