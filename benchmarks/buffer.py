@@ -7,6 +7,8 @@ sampling of 256 rows converted to torch tensors. The bare ring gathers with
 ``v[idx]``, the usual idiom; a second bare variant gathers with
 ``ndarray.take`` (what ptl_rl does) and is printed too, for a fair limit. Prints operations/s of each
 and the ratios (goals: add >= 0.9, sample >= 1.0).
+Rates use the process's CPU time (single-threaded: torch uses one thread), so
+other load on the machine does not skew the ratio.
 
     python benchmarks/buffer.py [--capacity 100000] [--ops 20000] [--repeats 5]
 """
@@ -76,10 +78,10 @@ def make_chunks(count: int, rows: int) -> list[dict[str, np.ndarray]]:
 
 
 def rate(fn, ops: int) -> float:
-    start = time.perf_counter()
+    start = time.process_time()
     for _ in range(ops):
         fn()
-    return ops / (time.perf_counter() - start)
+    return ops / (time.process_time() - start)
 
 
 def measure(capacity: int, ops: int) -> dict[str, float]:

@@ -63,7 +63,9 @@ class NStepTransform:
         self._held = held.astype(np.float32)
         # [whole, length, j]: which window starts j are emitted: every tail at an episode end, else the oldest
         self._starts = np.stack([held & (k[None, :] == 0), held])
-        self._window: dict[str, Any] | None = None  # field -> [E, n, ...] arrays
+        # field -> [E * n, ...] arrays: step j of env e's ring sits in row e * n + j (one flat index per
+        # row makes every gather a single ndarray.take)
+        self._window: dict[str, Any] | None = None
         self._last_next_obs: Any = None  # [E, ...], for flushing windows after a restore
         self._head = np.zeros(0, dtype=np.int64)  # next write position per env
         self._length = np.zeros(0, dtype=np.int64)  # steps held per env
@@ -126,8 +128,9 @@ class NStepTransform:
     def _fold_unique(self, batch: TransitionBatch, env: np.ndarray) -> TransitionBatch | None:
         n = self.n
         head = self._head[env]
+        slots = env * n + head
         for name, store in self._window.items():
-            _assign(store, (env, head), batch[name])
+            _assign(store, slots, batch[name])
         _assign(self._last_next_obs, env, batch["next_obs"])
         self._head[env] = (head + 1) % n
         length = self._length[env] + 1
@@ -155,14 +158,13 @@ class NStepTransform:
     def _emit_full(self, env: np.ndarray, next_obs: Any) -> TransitionBatch:
         """Emit the full oldest window of each env in ``env`` (none of them ended) and drop its oldest step."""
         oldest = self._head[env]  # a full window's oldest step sits where the next write goes
-        positions = self._positions[oldest]  # [R, n], oldest first
+        base = env * self.n
+        slots = base[:, None] + self._positions[oldest]  # [R, n] window rows, oldest first
         rows = len(env)
         out: dict[str, Any] = {}
         for name, store in self._window.items():
-            out[name] = (
-                store[env, oldest] if isinstance(store, np.ndarray) else tree_map(lambda a: a[env, oldest], store)
-            )
-        out["reward"] = self._window["reward"][env[:, None], positions] @ self._fold[0]
+            out[name] = _take(store, base + oldest)
+        out["reward"] = self._window["reward"].take(slots) @ self._fold[0]
         out["next_obs"] = next_obs
         out["terminated"] = out["truncated"] = self._no_end[:rows]
         out["discount"] = self._full_discount[:rows]
@@ -180,18 +182,14 @@ class NStepTransform:
         ``next_obs``/``terminated``/``truncated`` of each env's last step.
         """
         oldest = (self._head[env] - length) % self.n
-        positions = self._positions[oldest]  # [R, n] ring positions, oldest first
-        rewards = self._window["reward"][env[:, None], positions] * self._held[length]
+        slots = (env * self.n)[:, None] + self._positions[oldest]  # [R, n] window rows, oldest first
+        rewards = self._window["reward"].take(slots) * self._held[length]
         tail_sums = rewards @ self._fold.T  # [R, n]: discounted sum of the window tail starting at step j
         row, start = self._starts[whole.view(np.uint8), length].nonzero()
-        src_env, src_pos = env[row], positions[row, start]
+        src_env, src_slot = env[row], slots[row, start]
         out: dict[str, Any] = {}
         for name, store in self._window.items():
-            out[name] = (
-                store[src_env, src_pos]
-                if isinstance(store, np.ndarray)
-                else tree_map(lambda a: a[src_env, src_pos], store)
-            )
+            out[name] = _take(store, src_slot)
         out["reward"] = tail_sums[row, start]
         last = end_rows[row]
         for name in ("next_obs", "terminated", "truncated"):
@@ -228,8 +226,7 @@ class NStepTransform:
         if self._window is None:
             names = [name for name in batch.keys() if name not in _STEP_END_FIELDS]
             self._window = {
-                name: tree_map(lambda a: np.zeros((0, self.n, *a.shape[1:]), dtype=a.dtype), batch[name])
-                for name in names
+                name: tree_map(lambda a: np.zeros((0, *a.shape[1:]), dtype=a.dtype), batch[name]) for name in names
             }
             self._last_next_obs = tree_map(lambda a: np.zeros((0, *a.shape[1:]), dtype=a.dtype), batch["next_obs"])
         if num_envs <= len(self._length):
@@ -237,10 +234,10 @@ class NStepTransform:
         size = max(num_envs, 2 * len(self._length))
         grow = size - len(self._length)
 
-        def grown(a: np.ndarray) -> np.ndarray:
-            return np.concatenate([a, np.zeros((grow, *a.shape[1:]), dtype=a.dtype)])
+        def grown(a: np.ndarray, rows_per_env: int = 1) -> np.ndarray:
+            return np.concatenate([a, np.zeros((grow * rows_per_env, *a.shape[1:]), dtype=a.dtype)])
 
-        self._window = {name: tree_map(grown, store) for name, store in self._window.items()}
+        self._window = {name: tree_map(lambda a: grown(a, self.n), store) for name, store in self._window.items()}
         self._last_next_obs = tree_map(grown, self._last_next_obs)
         self._head = grown(self._head)
         self._length = grown(self._length)

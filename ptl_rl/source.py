@@ -70,6 +70,12 @@ def _to_numpy(x: Any) -> Any:
     return np.asarray(x)
 
 
+def _bool_array(flags: Any) -> np.ndarray:
+    if type(flags) is np.ndarray and flags.dtype == np.bool_:
+        return flags  # what gymnasium's vector envs return: no conversion call on the hot path
+    return np.asarray(flags, dtype=bool)
+
+
 def _copy_tree(tree: Any) -> Any:
     return tree_map(np.array, tree)
 
@@ -292,7 +298,7 @@ class ExperienceSource:
             reward, terminated, truncated = np.array([reward]), np.array([terminated]), np.array([truncated])
         elif self._copy_obs:
             obs = _copy_tree(obs)
-        return obs, reward, np.asarray(terminated, dtype=bool), np.asarray(truncated, dtype=bool), info
+        return obs, reward, _bool_array(terminated), _bool_array(truncated), info
 
     def _step(self) -> TransitionBatch | None:
         actions, extras = self._act()
@@ -304,7 +310,7 @@ class ExperienceSource:
             {
                 "obs": self._obs,
                 "action": actions,
-                "reward": reward.astype(np.float32),
+                "reward": np.asarray(reward, dtype=np.float32),
                 "next_obs": next_obs,
                 "terminated": terminated,
                 "truncated": truncated,
