@@ -1,25 +1,36 @@
-"""DQN (double DQN, n-step returns) as a LightningModule, fed by a ptl_rl replay pipeline.
+"""DQN (double DQN, n-step returns; optionally prioritized replay and a dueling head) as a LightningModule.
 
     python -m ptl_rl.examples.dqn --env-id CartPole-v1 --env-steps 50000 --seed 0
+    python -m ptl_rl.examples.dqn --rainbow   # Rainbow-lite: prioritized replay + 3-step returns + dueling head
 
 Read it top to bottom, CleanRL style:
 
 1. ``parse_args``: every hyperparameter is a flag; the defaults solve CartPole-v1
    (greedy mean return >= 475) in about 15k env steps and a few CPU seconds.
-2. ``QNetwork``: an MLP from observations to one Q-value per action.
+   Plain DQN (uniform replay, 1-step returns) is ``--n-step 1``; double DQN
+   targets are on in every configuration (``--no-double`` turns them off).
+   ``--rainbow`` switches on ``--prioritized``, ``--dueling`` and ``--n-step 3``
+   (flags given explicitly still win, e.g. ``--rainbow --no-dueling``).
+2. ``QNetwork``: an MLP from observations to one Q-value per action;
+   ``DuelingQNetwork`` (``--dueling``) splits the last layer into a state value
+   and action advantages, ``Q = V + A - mean(A)``.
 3. ``DQN``: the LightningModule. ``training_step`` gets a ``ptl_rl.TorchBatch``
    and regresses Q(obs, action) onto the bootstrapped target
    ``reward + discount * (1 - terminated) * Q_target(next_obs, a*)`` with a
    Huber loss. ``reward`` and ``discount`` come with the batch (an n-step
    transition carries the discounted reward sum and gamma**k), so the module
    never computes gamma**n itself. The target network is a ``ptl_rl.TargetNet``,
-   synced every ``--target-sync-every`` gradient steps.
+   synced every ``--target-sync-every`` gradient steps. With ``--prioritized``
+   the batch also carries importance ``weights`` (the loss is weighted by them)
+   and ``batch.update_priorities(td_errors)`` feeds ``|TD|`` back to the buffer.
 4. ``GreedyEvaluation``: a callback that runs the greedy policy (epsilon 0) on a
    separate env every ``--eval-every`` env steps and stops training once its
    mean return reaches ``--solved-return``.
 5. ``train``: builds the vector env, the epsilon-greedy ``DQNAgent`` and the
-   pipeline ``ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler``,
-   fits, and evaluates the final weights on fresh episodes.
+   pipeline ``ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler``
+   (a ``PrioritizedReplayBuffer`` with ``--prioritized``, its beta annealed from
+   ``--beta-start`` to 1 over ``--env-steps``), fits, and evaluates the final
+   weights on fresh episodes.
 """
 
 from __future__ import annotations
@@ -77,11 +88,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eps-start", type=float, default=1.0)
     p.add_argument("--eps-end", type=float, default=0.05)
     p.add_argument("--eps-decay-steps", type=int, default=10_000, help="env steps of the linear epsilon decay")
+    # Rainbow-lite (each off by default; --rainbow turns on all three)
+    p.add_argument("--prioritized", action=argparse.BooleanOptionalAction, default=False, help="prioritized replay")
+    p.add_argument("--alpha", type=float, default=0.6, help="priority exponent of prioritized replay (0: uniform)")
+    p.add_argument(
+        "--beta-start", type=float, default=0.4, help="importance-sampling exponent, annealed to 1 over --env-steps"
+    )
+    p.add_argument(
+        "--dueling", action=argparse.BooleanOptionalAction, default=False, help="dueling head: V + A - mean(A)"
+    )
+    p.add_argument(
+        "--rainbow",
+        action="store_true",
+        help="Rainbow-lite: defaults of --prioritized, --dueling and --n-step 3 (explicit flags still win)",
+    )
     # evaluation
     p.add_argument("--eval-every", type=int, default=2_500, help="env steps between greedy evaluations (0: never)")
     p.add_argument("--eval-episodes", type=int, default=20)
     p.add_argument("--solved-return", type=float, default=475.0, help="stop once the greedy mean return reaches it")
     p.add_argument("--final-eval-episodes", type=int, default=20)
+    if p.parse_known_args(argv)[0].rainbow:
+        # --rainbow only changes defaults, so flags given explicitly still win (--rainbow --no-dueling)
+        p.set_defaults(prioritized=True, dueling=True, n_step=3)
     return p.parse_args(argv)
 
 
@@ -103,6 +131,22 @@ class QNetwork(nn.Module):
         return self.net(obs.flatten(1).float())
 
 
+class DuelingQNetwork(nn.Module):
+    """Dueling head (Wang et al. 2016): obs [B, obs_dim] -> Q = V + A - mean(A), float [B, num_actions]."""
+
+    def __init__(self, obs_dim: int, num_actions: int, hidden: int) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
+        self.value = nn.Linear(hidden, 1)  # V(s)
+        self.advantage = nn.Linear(hidden, num_actions)  # A(s, a)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        features = self.trunk(obs.flatten(1).float())
+        advantage = self.advantage(features)
+        # subtracting the mean advantage makes V and A identifiable
+        return self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)
+
+
 # ---------------------------------------------------------------------------- learner
 class DQN(pl.LightningModule):
     def __init__(
@@ -115,10 +159,12 @@ class DQN(pl.LightningModule):
         target_sync_every: int = 50,
         tau: float = 1.0,
         log_every: int = 100,
+        dueling: bool = False,
+        prioritized: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.q_net = QNetwork(obs_dim, num_actions, hidden)
+        self.q_net = (DuelingQNetwork if dueling else QNetwork)(obs_dim, num_actions, hidden)
         self.target_net = ptl_rl.TargetNet(self.q_net)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -137,7 +183,12 @@ class DQN(pl.LightningModule):
                 next_value = next_q.max(dim=1).values
             # ptl_rl's one target rule: discount is gamma**k for the k rewards summed into `reward`
             target = batch.reward + batch.discount * (1.0 - batch.terminated.float()) * next_value
-        loss = F.smooth_l1_loss(q_taken, target)
+        if self.hparams.prioritized:
+            # importance weights undo the bias of sampling by priority; |TD| becomes the rows' new priority
+            loss = (batch.weights * F.smooth_l1_loss(q_taken, target, reduction="none")).mean()
+            batch.update_priorities(q_taken.detach() - target)
+        else:
+            loss = F.smooth_l1_loss(q_taken, target)
         if batch_idx % self.hparams.log_every == 0:  # a Lightning self.log costs about as much as this whole step
             self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
             self.log("train/q_mean", q_taken.mean(), on_step=True, on_epoch=False)
@@ -206,7 +257,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     obs_dim = int(np.prod(env.single_observation_space.shape))
     num_actions = int(env.single_action_space.n)
     model = DQN(
-        obs_dim, num_actions, args.hidden, args.lr, args.double, args.target_sync_every, args.tau, args.log_every
+        obs_dim,
+        num_actions,
+        hidden=args.hidden,
+        lr=args.lr,
+        double=args.double,
+        target_sync_every=args.target_sync_every,
+        tau=args.tau,
+        log_every=args.log_every,
+        dueling=args.dueling,
+        prioritized=args.prioritized,
     )
 
     # the agent acts with the learner's current Q-network; ExperienceSource forwards the env-step count to epsilon
@@ -216,13 +276,18 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     # ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler: one batch per --train-every env steps
     source = ptl_rl.ExperienceSource(env, agent, gamma=args.gamma, seed=args.seed)
     nstep = ptl_rl.NStepTransform(source, n=args.n_step, gamma=args.gamma)
-    buffer = ptl_rl.ReplayBuffer(
-        nstep,
+    replay = dict(
         capacity=args.buffer_size,
         warmup=max(args.learning_starts, args.batch_size),
         transitions_per_yield=args.train_every,
         seed=args.seed,
     )
+    if args.prioritized:
+        # beta runs from --beta-start to 1 over the budget, clocked by the transitions stored (= env steps)
+        beta = ptl_rl.LinearSchedule(args.beta_start, 1.0, args.env_steps)
+        buffer = ptl_rl.PrioritizedReplayBuffer(nstep, alpha=args.alpha, beta=beta, beta_clock="env", **replay)
+    else:
+        buffer = ptl_rl.ReplayBuffer(nstep, **replay)
     pipeline = ptl_rl.BatchSampler(buffer, batch_size=args.batch_size)
 
     evaluation = GreedyEvaluation(
