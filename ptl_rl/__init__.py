@@ -3,16 +3,27 @@
     ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler -> to_dataloader
 """
 
-from ptl_rl.agents import DQNAgent, PolicyAgent, TargetNet, obs_to_tensor
+from ptl_rl.agents import (
+    ActorCriticAgent,
+    DeterministicActorAgent,
+    DQNAgent,
+    PolicyAgent,
+    StochasticPolicyAgent,
+    TargetNet,
+    obs_to_tensor,
+)
 from ptl_rl.batch import CORE_FIELDS, TorchBatch, TransitionBatch
 from ptl_rl.buffers import (
     ArrayStorage,
     PrioritizedReplayBuffer,
     ReplayBuffer,
+    RolloutBuffer,
     SequenceReplayBuffer,
     SumTree,
 )
+from ptl_rl.distributions import ActionRescaler, action_head
 from ptl_rl.evaluation import evaluate
+from ptl_rl.gae import compute_gae
 from ptl_rl.lightning import (
     EnvStepLimit,
     EpisodeStatsLogger,
@@ -33,6 +44,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CORE_FIELDS",
+    "ActionRescaler",
+    "ActorCriticAgent",
+    "DeterministicActorAgent",
+    "RolloutBuffer",
+    "StochasticPolicyAgent",
+    "action_head",
+    "compute_gae",
     "ArgmaxSelector",
     "ArrayStorage",
     "BatchSampler",

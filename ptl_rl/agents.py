@@ -7,8 +7,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from gymnasium import spaces
 from torch import nn
 
+from ptl_rl.distributions import ActionDistribution, ActionRescaler, Categorical, MultiCategorical, uniform_log_prob
 from ptl_rl.selectors import EpsilonGreedySelector
 
 
@@ -132,3 +134,242 @@ class TargetNet(nn.Module):
             target.lerp_(source, tau)
         for target, source in zip(self.target.buffers(), self.model.buffers(), strict=True):
             target.copy_(source)
+
+
+# ---------------------------------------------------------------------- actor-critic and continuous agents
+def _seeded_generator(device: torch.device, seed: int | None) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()  # an unseeded torch.Generator would always start from the same fixed seed
+    else:
+        generator.manual_seed(int(seed))
+    return generator
+
+
+class _GeneratorPerDevice:
+    """One seeded generator per device: sampling happens where the network lives, without host round trips."""
+
+    def __init__(self, seed: int | None) -> None:
+        self.seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def __call__(self, device: torch.device) -> torch.Generator:
+        generator = self._generators.get(device)
+        if generator is None:
+            generator = self._generators[device] = _seeded_generator(device, self.seed)
+        return generator
+
+
+class StochasticPolicyAgent:
+    """Samples actions from a policy ``actor(obs) -> ActionDistribution`` (see :mod:`ptl_rl.distributions`).
+
+    Works for ``Discrete``, ``MultiDiscrete`` and 1-d ``Box`` action spaces. For
+    the discrete spaces the actor may also return raw logits (float [N, A], or
+    [N, sum(nvec)]). ``agent(obs)`` returns ``(actions, extras)``:
+
+    * ``actions``: int64 [N] (Discrete), int64 [N, K] (MultiDiscrete), or the
+      env action [N, D] in the space's dtype (Box), produced from the policy
+      action by :class:`~ptl_rl.distributions.ActionRescaler` (the one place
+      where actions are clipped and rescaled to the Box bounds).
+    * ``extras["log_prob"]``: float32 [N], log-prob of the policy action.
+    * ``extras["policy_action"]`` (Box only): float32 [N, D], the sampled
+      action in policy space, which is what ``log_prob`` refers to and what
+      losses should use (:meth:`policy_action` picks the right field).
+
+    Args:
+        actor: the policy network; moved with Lightning like any module (its
+            device is read at each call).
+        action_space: the env's single action space.
+        greedy: act with the distribution's mode instead of a sample (evaluation).
+        warmup_steps: act uniformly at random (in policy space) until the
+            source has taken this many env steps (SAC/TD3 warm-up); the
+            reported ``log_prob`` is then the uniform one.
+        seed: seeds the sampling generator (one per device).
+    """
+
+    def __init__(
+        self,
+        actor: nn.Module,
+        action_space: spaces.Space,
+        *,
+        greedy: bool = False,
+        warmup_steps: int = 0,
+        seed: int | None = None,
+    ) -> None:
+        if not isinstance(action_space, (spaces.Discrete, spaces.MultiDiscrete, spaces.Box)):
+            kind = type(action_space).__name__
+            raise TypeError(f"unsupported action space {kind}; use Discrete, MultiDiscrete or Box")
+        self.actor = actor
+        self.action_space = action_space
+        self.greedy = bool(greedy)
+        self.warmup_steps = int(warmup_steps)
+        self.total_steps = 0
+        self.rescaler = ActionRescaler(action_space) if isinstance(action_space, spaces.Box) else None
+        self._uniform_log_prob = uniform_log_prob(action_space)
+        self._generator = _GeneratorPerDevice(seed)
+        self._actor_device = _DeviceOf(actor)
+
+    # ------------------------------------------------------------------ training-side helpers (with gradients)
+    def distribution(self, obs: Any) -> ActionDistribution:
+        """The policy at ``obs`` (numpy or tensors, leading dim B) under the current weights, with gradients."""
+        if not isinstance(obs, torch.Tensor) and not (isinstance(obs, dict) and _is_tensor_tree(obs)):
+            obs = obs_to_tensor(obs, self._actor_device())
+        out = self.actor(_float32(obs))
+        if isinstance(out, torch.Tensor):
+            if isinstance(self.action_space, spaces.Discrete):
+                return Categorical(out)
+            if isinstance(self.action_space, spaces.MultiDiscrete):
+                return MultiCategorical(out, self.action_space.nvec)
+            raise TypeError("for a Box action space the actor must return a distribution (end it in an action_head)")
+        return out
+
+    @staticmethod
+    def policy_action(batch: Any) -> torch.Tensor:
+        """The action a log-prob refers to: ``batch.policy_action`` (Box) or ``batch.action`` (discrete)."""
+        return batch["policy_action"] if "policy_action" in batch else batch["action"]
+
+    # ------------------------------------------------------------------ acting
+    def on_env_steps(self, total_steps: int) -> None:
+        self.total_steps = int(total_steps)
+
+    @torch.inference_mode()  # cheaper than no_grad; the outputs leave as numpy
+    def __call__(self, obs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        dist = self.distribution(obs)
+        action, log_prob = self._choose(dist)
+        return self._outputs(action, log_prob, {})
+
+    def _choose(self, dist: ActionDistribution) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.total_steps < self.warmup_steps:
+            return self._uniform(dist)
+        if self.greedy:
+            action = dist.mode()
+            return action, dist.log_prob(action)
+        return dist.sample_with_log_prob(self._generator(self._actor_device()))
+
+    def _uniform(self, dist: ActionDistribution) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uniform random actions in policy space, shaped like a sample of ``dist``."""
+        like = dist.mode()
+        generator = self._generator(like.device)
+        if isinstance(self.action_space, spaces.Box):
+            action = torch.rand(like.shape, generator=generator, device=like.device) * 2.0 - 1.0
+        else:
+            choices = getattr(self.action_space, "nvec", getattr(self.action_space, "n", 1))
+            high = torch.as_tensor(np.array(np.broadcast_to(choices, like.shape[1:])), device=like.device)
+            action = (torch.rand(like.shape, generator=generator, device=like.device) * high).long()
+        return action, torch.full(like.shape[:1], self._uniform_log_prob, device=like.device)
+
+    def _outputs(
+        self, action: torch.Tensor, log_prob: torch.Tensor, extras: dict[str, np.ndarray]
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        extras["log_prob"] = log_prob.float().cpu().numpy()
+        action_np = action.cpu().numpy()
+        if self.rescaler is None:
+            return action_np.astype(np.int64, copy=False), extras
+        extras["policy_action"] = action_np.astype(np.float32, copy=False)
+        return self.rescaler.to_env(action_np), extras
+
+
+class ActorCriticAgent(StochasticPolicyAgent):
+    """A :class:`StochasticPolicyAgent` with a state-value critic, for PPO and A2C.
+
+    ``critic(obs)`` gives values float [N] or [N, 1]. Besides the policy's
+    extras, ``agent(obs)`` returns ``extras["value"]`` float32 [N] (the value
+    of ``obs`` under the acting weights); :meth:`value` evaluates the critic
+    on other observations (a rollout's bootstrap ``next_obs``), and
+    :meth:`evaluate_actions` gives what a policy-gradient loss needs, with
+    gradients.
+    """
+
+    def __init__(self, actor: nn.Module, critic: nn.Module, action_space: spaces.Space, **kwargs: Any) -> None:
+        super().__init__(actor, action_space, **kwargs)
+        self.critic = critic
+        self._critic_device = _DeviceOf(critic)
+
+    def critic_value(self, obs: Any) -> torch.Tensor:
+        """Values float [B] of ``obs`` (tensors on the critic's device), with gradients."""
+        if not isinstance(obs, torch.Tensor) and not (isinstance(obs, dict) and _is_tensor_tree(obs)):
+            obs = obs_to_tensor(obs, self._critic_device())
+        out = self.critic(_float32(obs))
+        return out.reshape(out.shape[0])
+
+    @torch.inference_mode()  # cheaper than no_grad; the outputs leave as numpy
+    def value(self, obs: Any) -> np.ndarray:
+        """Values float32 [B] of a batch of numpy observations (no gradients)."""
+        return self.critic_value(obs).float().cpu().numpy()
+
+    @torch.inference_mode()  # cheaper than no_grad; the outputs leave as numpy
+    def __call__(self, obs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        obs_t = obs_to_tensor(obs, self._actor_device())
+        dist = self.distribution(obs_t)
+        action, log_prob = self._choose(dist)
+        value = self.critic_value(obs_t)
+        return self._outputs(action, log_prob, {"value": value.float().cpu().numpy()})
+
+    def evaluate_actions(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(log_prob, entropy, value)``, each float [B], of ``batch``'s actions under the current weights."""
+        dist = self.distribution(batch["obs"])
+        return dist.log_prob(self.policy_action(batch)), dist.entropy(), self.critic_value(batch["obs"])
+
+
+class DeterministicActorAgent:
+    """Acts with a deterministic actor plus Gaussian exploration noise (DDPG/TD3 style), for Box spaces.
+
+    ``actor(obs)`` gives policy actions float [N, D] in ``[-1, 1]`` (end it in
+    ``tanh``). The agent adds ``N(0, noise_std^2)`` noise, clips to ``[-1, 1]``
+    and returns ``(env_actions, {"policy_action": float32 [N, D]})``, with env
+    actions from :class:`~ptl_rl.distributions.ActionRescaler`.
+
+    Args:
+        noise_std: a float, or a schedule ``env_steps -> std`` such as
+            :class:`~ptl_rl.selectors.LinearSchedule`; 0 acts greedily.
+        warmup_steps: uniformly random policy actions until this many env steps.
+        seed: seeds the noise generator.
+    """
+
+    def __init__(
+        self,
+        actor: nn.Module,
+        action_space: spaces.Box,
+        *,
+        noise_std: float | Any = 0.1,
+        warmup_steps: int = 0,
+        seed: int | None = None,
+    ) -> None:
+        self.actor = actor
+        self.rescaler = ActionRescaler(action_space)
+        self.schedule = noise_std if callable(noise_std) else (lambda _step, std=float(noise_std): std)
+        self.noise_std = float(self.schedule(0))
+        self.warmup_steps = int(warmup_steps)
+        self.total_steps = 0
+        self._generator = _GeneratorPerDevice(seed)
+        self._actor_device = _DeviceOf(actor)
+
+    def on_env_steps(self, total_steps: int) -> None:
+        self.total_steps = int(total_steps)
+        self.noise_std = float(self.schedule(total_steps))
+
+    @torch.inference_mode()  # cheaper than no_grad; the outputs leave as numpy
+    def __call__(self, obs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        device = self._actor_device()
+        mean = self.actor(_float32(obs_to_tensor(obs, device)))
+        generator = self._generator(device)
+        if self.total_steps < self.warmup_steps:
+            action = torch.rand(mean.shape, generator=generator, device=device) * 2.0 - 1.0
+        elif self.noise_std > 0.0:
+            noise = torch.randn(mean.shape, generator=generator, device=device) * self.noise_std
+            action = (mean + noise).clamp(-1.0, 1.0)
+        else:
+            action = mean.clamp(-1.0, 1.0)
+        policy_action = action.float().cpu().numpy()
+        return self.rescaler.to_env(policy_action), {"policy_action": policy_action}
+
+
+def _is_tensor_tree(obs: dict) -> bool:
+    return all(isinstance(v, torch.Tensor) or (isinstance(v, dict) and _is_tensor_tree(v)) for v in obs.values())
+
+
+def _float32(obs: Any) -> Any:
+    """Float64 tensors -> float32 (what networks expect); integer observations are left to the network."""
+    if isinstance(obs, dict):
+        return {k: _float32(v) for k, v in obs.items()}
+    return obs.float() if obs.dtype == torch.float64 else obs

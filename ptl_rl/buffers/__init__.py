@@ -2,6 +2,7 @@
 
 from ptl_rl.buffers.prioritized import PrioritizedReplayBuffer, PriorityFeedback
 from ptl_rl.buffers.replay import ReplayBuffer
+from ptl_rl.buffers.rollout import RolloutBuffer
 from ptl_rl.buffers.sequence import SequenceReplayBuffer
 from ptl_rl.buffers.shuffle import ShuffledPasses
 from ptl_rl.buffers.storage import ArrayStorage
@@ -12,6 +13,7 @@ __all__ = [
     "PrioritizedReplayBuffer",
     "PriorityFeedback",
     "ReplayBuffer",
+    "RolloutBuffer",
     "SequenceReplayBuffer",
     "ShuffledPasses",
     "SumTree",
