@@ -27,6 +27,7 @@ from ptl_rl.gae import compute_gae
 from ptl_rl.lightning import (
     EnvStepLimit,
     EpisodeStatsLogger,
+    PeriodicEvaluation,
     PipelineDataset,
     RLDataModule,
     find_stage,
@@ -62,6 +63,7 @@ __all__ = [
     "ExperienceSource",
     "LinearSchedule",
     "NStepTransform",
+    "PeriodicEvaluation",
     "PipelineDataset",
     "PolicyAgent",
     "PrioritizedReplayBuffer",

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytorch_lightning as pl
 from torch.utils.data import DataLoader, IterableDataset
 
+from ptl_rl.evaluation import evaluate
 from ptl_rl.source import ExperienceSource
 
 # The adapter always uses num_workers=0, where a length on an IterableDataset is exact.
@@ -96,8 +98,14 @@ def to_dataloader(pipeline: Any, steps_per_epoch: int | None = None) -> DataLoad
     ``batch_size=None`` (the pipeline already batches), ``num_workers=0`` (the
     agent must act with the learner's current weights, in this process), and
     batches are passed through unchanged. ``steps_per_epoch`` sets
-    ``len(loader)``; ``None`` makes one endless epoch.
+    ``len(loader)``; ``None`` makes one endless epoch, except for an on-policy
+    stage with ``batches_per_rollout`` (a :class:`~ptl_rl.buffers.RolloutBuffer`),
+    which gets one Lightning epoch per rollout: a sized loader keeps Lightning
+    from prefetching, so a rollout is collected only after the last update on
+    the previous one.
     """
+    if steps_per_epoch is None:
+        steps_per_epoch = getattr(pipeline, "batches_per_rollout", None)
     return DataLoader(PipelineDataset(pipeline, steps_per_epoch), batch_size=None, num_workers=0, collate_fn=_as_is)
 
 
@@ -168,4 +176,60 @@ class EnvStepLimit(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         if self.source.total_steps >= self.max_env_steps:
+            trainer.should_stop = True
+
+
+class PeriodicEvaluation(pl.Callback):
+    """Evaluates the current policy every ``every_env_steps`` env steps; can stop training once it is good enough.
+
+    Args:
+        pipeline: the training pipeline (any stage after its :class:`ExperienceSource`), whose env-step count
+            sets the rhythm.
+        env: a separate evaluation env (vector envs run the episodes in parallel).
+        make_agent: ``pl_module -> agent``, e.g. ``lambda m: DQNAgent(m.q_net, ArgmaxSelector())`` for a
+            greedy policy; called at every evaluation, so it acts with the current weights.
+        every_env_steps: env steps between evaluations (``<= 0``: never).
+        episodes: episodes per evaluation (see :func:`~ptl_rl.evaluation.evaluate`).
+        stop_at_return: stop training once the mean return reaches it (``None``: never).
+        seed: evaluation ``k`` resets its env with ``seed + 1000 * k``: fresh start states every time.
+
+    Logs ``eval/return_mean`` (progress bar). Afterwards ``history`` holds ``(env_steps, mean_return)``
+    pairs, ``solved_at`` the env steps and ``solved_after_s`` the seconds since training started when
+    ``stop_at_return`` was reached (else ``None``).
+    """
+
+    def __init__(
+        self,
+        pipeline: Any,
+        env: Any,
+        make_agent: Callable[[pl.LightningModule], Callable[[Any], Any]],
+        every_env_steps: int,
+        episodes: int = 10,
+        stop_at_return: float | None = None,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.source: ExperienceSource = find_stage(pipeline, ExperienceSource)
+        self.env, self.make_agent = env, make_agent
+        self.every, self.episodes, self.stop_at_return, self.seed = int(every_env_steps), episodes, stop_at_return, seed
+        self.next_eval = self.every
+        self.history: list[tuple[int, float]] = []
+        self.solved_at: int | None = None
+        self.solved_after_s: float | None = None
+        self._start = time.perf_counter()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        steps = self.source.total_steps
+        if self.every <= 0 or steps < self.next_eval:
+            return
+        self.next_eval = steps - steps % self.every + self.every
+        seed = None if self.seed is None else self.seed + 1_000 * len(self.history)
+        mean_return = float(evaluate(self.env, self.make_agent(pl_module), self.episodes, seed=seed).mean())
+        self.history.append((steps, mean_return))
+        pl_module.log("eval/return_mean", mean_return, prog_bar=True, on_step=True, on_epoch=False)
+        if self.stop_at_return is not None and mean_return >= self.stop_at_return:
+            self.solved_at, self.solved_after_s = steps, time.perf_counter() - self._start
             trainer.should_stop = True

@@ -157,3 +157,41 @@ def test_pipeline_state_rejects_a_different_pipeline() -> None:
     buffer = ptl_rl.ReplayBuffer(None, 10, warmup=0)
     with pytest.raises(ValueError, match="build the same pipeline"):
         ptl_rl.load_pipeline_state_dict(buffer, state)
+
+
+def test_periodic_evaluation_logs_and_stops_once_the_return_is_reached() -> None:
+    net, sampler = build_pipeline()
+    eval_env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    agents = []
+
+    def make_agent(module):
+        agents.append(ptl_rl.DQNAgent(module.net, ptl_rl.ArgmaxSelector()))
+        return agents[-1]
+
+    evaluation = ptl_rl.PeriodicEvaluation(
+        sampler, eval_env, make_agent, every_env_steps=40, episodes=2, stop_at_return=1.0, seed=0
+    )
+    fit = trainer(max_steps=1_000, callbacks=[evaluation])
+    module = PlainQModule(net)
+    fit.fit(module, train_dataloaders=ptl_rl.to_dataloader(sampler))
+    # any CartPole episode returns at least 1, so the first evaluation (after 40 env steps) stops training
+    assert len(evaluation.history) == 1 and evaluation.solved_at == evaluation.history[0][0] >= 40
+    assert evaluation.solved_after_s is not None and fit.global_step < 10
+    assert agents[0].net is module.net  # evaluated with the module's current network
+    assert fit.callback_metrics["eval/return_mean"].item() == evaluation.history[0][1]
+
+
+def test_evaluation_every_n_env_steps_without_a_stop() -> None:
+    net, sampler = build_pipeline()
+    eval_env = gym.make_vec("CartPole-v1", num_envs=1, vectorization_mode="sync")
+    evaluation = ptl_rl.PeriodicEvaluation(
+        sampler, eval_env, lambda m: ptl_rl.DQNAgent(m.net, ptl_rl.ArgmaxSelector()), every_env_steps=20, episodes=1
+    )
+    trainer(max_steps=30, callbacks=[evaluation]).fit(
+        PlainQModule(net), train_dataloaders=ptl_rl.to_dataloader(sampler)
+    )
+    source = ptl_rl.find_stage(sampler, ptl_rl.ExperienceSource)
+    grid = [steps // 20 for steps, _ in evaluation.history]
+    # one evaluation per multiple of 20 env steps crossed (the first after the warm-up)
+    assert grid == list(range(grid[0], source.total_steps // 20 + 1)) and len(grid) >= 3
+    assert evaluation.solved_at is None

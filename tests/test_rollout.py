@@ -238,3 +238,12 @@ def test_lightning_collects_only_after_the_last_update_of_a_rollout(rollouts_per
     trainer.fit(module, train_dataloaders=loader)
     assert rollout.rollouts_collected == 6
     assert trainer.global_step == 6 * rollout.batches_per_rollout
+
+
+def test_to_dataloader_gives_an_on_policy_stage_one_epoch_per_rollout():
+    env = cartpole(2)
+    rollout = ptl_rl.RolloutBuffer(
+        ptl_rl.ExperienceSource(env, actor_critic(env), seed=0), 8, epochs=3, num_minibatches=2
+    )
+    assert len(ptl_rl.to_dataloader(rollout)) == rollout.batches_per_rollout == 6
+    assert len(ptl_rl.to_dataloader(rollout, steps_per_epoch=12)) == 12

@@ -13,7 +13,7 @@ Read it top to bottom, CleanRL style:
    policy-gradient + value-regression step. A Lightning epoch here spans
    ``--rollouts-per-epoch`` rollouts (a multiple of the rollout length is all
    the DataLoader needs, and per-epoch overhead stays small).
-4. ``GreedyEvaluation``: every ``--eval-every`` env steps, run the greedy
+4. ``ptl_rl.PeriodicEvaluation`` (a callback): every ``--eval-every`` env steps, run the greedy
    policy on a separate env; stop once its mean return reaches ``--solved-return``
    (the env-step count at that point is "steps to 475").
 5. ``train``: builds the vector env, the ``ActorCriticAgent`` and the pipeline
@@ -131,37 +131,9 @@ def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
 
 
-def greedy_return(actor: nn.Module, env: gym.vector.VectorEnv, episodes: int, seed: int) -> float:
-    """Mean undiscounted return of ``episodes`` episodes of the policy's mode (argmax / Gaussian mean)."""
-    agent = ptl_rl.StochasticPolicyAgent(actor, env.single_action_space, greedy=True)
-    return float(ptl_rl.evaluate(env, agent, episodes, seed=seed).mean())
-
-
-class GreedyEvaluation(pl.Callback):
-    """Every ``every`` env steps, evaluate the greedy policy; stop training once it reaches ``solved_return``."""
-
-    def __init__(self, pipeline: Any, env: gym.vector.VectorEnv, args: argparse.Namespace) -> None:
-        super().__init__()
-        self.source: ptl_rl.ExperienceSource = ptl_rl.find_stage(pipeline, ptl_rl.ExperienceSource)
-        self.env, self.every, self.episodes = env, args.eval_every, args.eval_episodes
-        self.solved_return, self.seed = args.solved_return, args.seed + 10_000
-        self.next_eval = self.every
-        self.history: list[tuple[int, float]] = []  # (env steps, greedy mean return)
-        self.solved_at: int | None = None
-        self.solved_time: float | None = None
-        self.start = time.perf_counter()
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: A2C, *args: Any) -> None:
-        steps = self.source.total_steps
-        if self.every <= 0 or steps < self.next_eval:
-            return
-        self.next_eval = steps - steps % self.every + self.every
-        mean_return = greedy_return(pl_module.actor, self.env, self.episodes, seed=self.seed + len(self.history))
-        self.history.append((steps, mean_return))
-        pl_module.log("eval/return_mean", mean_return, prog_bar=True, on_step=True, on_epoch=False)
-        if mean_return >= self.solved_return:
-            self.solved_at, self.solved_time = steps, time.perf_counter() - self.start
-            trainer.should_stop = True
+def greedy_agent(actor: nn.Module, env: gym.vector.VectorEnv) -> ptl_rl.StochasticPolicyAgent:
+    """The policy's mode (argmax / Gaussian mean)."""
+    return ptl_rl.StochasticPolicyAgent(actor, env.single_action_space, greedy=True)
 
 
 # ---------------------------------------------------------------------------- training
@@ -190,7 +162,15 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     # an epoch length that is a multiple of batches_per_rollout (= 1 here); sized, so Lightning never prefetches
     loader = ptl_rl.to_dataloader(rollout, steps_per_epoch=args.rollouts_per_epoch * rollout.batches_per_rollout)
 
-    evaluation = GreedyEvaluation(rollout, eval_env, args)
+    evaluation = ptl_rl.PeriodicEvaluation(
+        rollout,
+        eval_env,
+        lambda module: greedy_agent(module.actor, eval_env),
+        every_env_steps=args.eval_every,
+        episodes=args.eval_episodes,
+        stop_at_return=args.solved_return,
+        seed=args.seed + 10_000,
+    )
     callbacks: list[pl.Callback] = [
         ptl_rl.EpisodeStatsLogger(rollout, every_n_steps=args.log_every),
         ptl_rl.EnvStepLimit(rollout, args.env_steps),
@@ -217,7 +197,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     train_time = time.perf_counter() - start
 
     final_env = make_env(args.env_id, args.final_eval_episodes)
-    final_return = greedy_return(model.actor.cpu(), final_env, args.final_eval_episodes, seed=args.seed + 1_000_000)
+    final_agent = greedy_agent(model.actor.cpu(), final_env)
+    final_return = float(
+        ptl_rl.evaluate(final_env, final_agent, args.final_eval_episodes, seed=args.seed + 1_000_000).mean()
+    )
     for e in (env, eval_env, final_env):
         e.close()
     return {
@@ -225,7 +208,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "env_steps": source.total_steps,
         "gradient_steps": trainer.global_step,
         "solved_at_env_steps": evaluation.solved_at,
-        "solved_after_s": evaluation.solved_time,
+        "solved_after_s": evaluation.solved_after_s,
         "eval_history": evaluation.history,
         "train_time_s": train_time,
         "wall_time_s": time.perf_counter() - start,

@@ -23,9 +23,9 @@ Read it top to bottom, CleanRL style:
    synced every ``--target-sync-every`` gradient steps. With ``--prioritized``
    the batch also carries importance ``weights`` (the loss is weighted by them)
    and ``batch.update_priorities(td_errors)`` feeds ``|TD|`` back to the buffer.
-4. ``GreedyEvaluation``: a callback that runs the greedy policy (epsilon 0) on a
-   separate env every ``--eval-every`` env steps and stops training once its
-   mean return reaches ``--solved-return``.
+4. ``greedy_agent``: the greedy policy (epsilon 0); ``ptl_rl.PeriodicEvaluation``
+   runs it on a separate env every ``--eval-every`` env steps and stops training
+   once its mean return reaches ``--solved-return``.
 5. ``train``: builds the vector env, the epsilon-greedy ``DQNAgent`` and the
    pipeline ``ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler``
    (a ``PrioritizedReplayBuffer`` with ``--prioritized``, its beta annealed from
@@ -212,37 +212,9 @@ def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
 
 
-def greedy_return(q_net: nn.Module, env: gym.vector.VectorEnv, episodes: int, seed: int) -> float:
-    """Mean undiscounted return of ``episodes`` greedy (epsilon 0) episodes in ``env``."""
-    agent = ptl_rl.DQNAgent(q_net, ptl_rl.ArgmaxSelector())
-    return float(ptl_rl.evaluate(env, agent, episodes, seed=seed).mean())
-
-
-class GreedyEvaluation(pl.Callback):
-    """Every ``every`` env steps, evaluate the greedy policy; stop training once it reaches ``solved_return``."""
-
-    def __init__(
-        self, pipeline: Any, env: gym.vector.VectorEnv, every: int, episodes: int, solved_return: float, seed: int
-    ) -> None:
-        super().__init__()
-        self.source: ptl_rl.ExperienceSource = ptl_rl.find_stage(pipeline, ptl_rl.ExperienceSource)
-        self.env, self.every, self.episodes, self.solved_return, self.seed = env, every, episodes, solved_return, seed
-        self.next_eval = every
-        self.history: list[tuple[int, float]] = []  # (env steps, greedy mean return)
-        self.solved_at: int | None = None
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: DQN, *args: Any) -> None:
-        steps = self.source.total_steps
-        if self.every <= 0 or steps < self.next_eval:
-            return
-        self.next_eval = steps - steps % self.every + self.every
-        seed = self.seed + 1_000 * len(self.history)  # fresh start states at every evaluation
-        mean_return = greedy_return(pl_module.q_net, self.env, self.episodes, seed)
-        self.history.append((steps, mean_return))
-        pl_module.log("eval/return_mean", mean_return, prog_bar=True, on_step=True, on_epoch=False)
-        if mean_return >= self.solved_return:
-            self.solved_at = steps
-            trainer.should_stop = True
+def greedy_agent(q_net: nn.Module) -> ptl_rl.DQNAgent:
+    """The greedy policy (epsilon 0) of a Q-network."""
+    return ptl_rl.DQNAgent(q_net, ptl_rl.ArgmaxSelector())
 
 
 # ---------------------------------------------------------------------------- training
@@ -290,8 +262,14 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         buffer = ptl_rl.ReplayBuffer(nstep, **replay)
     pipeline = ptl_rl.BatchSampler(buffer, batch_size=args.batch_size)
 
-    evaluation = GreedyEvaluation(
-        pipeline, eval_env, args.eval_every, args.eval_episodes, args.solved_return, seed=args.seed + 10_000
+    evaluation = ptl_rl.PeriodicEvaluation(
+        pipeline,
+        eval_env,
+        lambda module: greedy_agent(module.q_net),
+        every_env_steps=args.eval_every,
+        episodes=args.eval_episodes,
+        stop_at_return=args.solved_return,
+        seed=args.seed + 10_000,
     )
     callbacks: list[pl.Callback] = [
         ptl_rl.EpisodeStatsLogger(pipeline, every_n_steps=args.log_every),
@@ -303,7 +281,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     trainer = pl.Trainer(
         accelerator=args.accelerator,
         devices=1,
-        max_epochs=-1,  # one endless epoch over the live pipeline, ended by EnvStepLimit or GreedyEvaluation
+        max_epochs=-1,  # one endless epoch over the live pipeline, ended by EnvStepLimit or PeriodicEvaluation
         logger=CSVLogger(args.log_dir, name="dqn") if args.log_dir else False,
         log_every_n_steps=args.log_every,
         enable_checkpointing=False,
@@ -318,7 +296,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     train_time = time.perf_counter() - start
 
     final_env = make_env(args.env_id, args.final_eval_episodes)
-    final_return = greedy_return(model.q_net.cpu(), final_env, args.final_eval_episodes, seed=args.seed + 1_000_000)
+    final_agent = greedy_agent(model.q_net.cpu())
+    final_return = float(
+        ptl_rl.evaluate(final_env, final_agent, args.final_eval_episodes, seed=args.seed + 1_000_000).mean()
+    )
     for e in (env, eval_env, final_env):
         e.close()
     return {

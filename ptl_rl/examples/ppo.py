@@ -16,7 +16,7 @@ Read it top to bottom, CleanRL style:
    ``RolloutBuffer`` yields ``--update-epochs x --num-minibatches`` minibatches
    of it, then collects the next rollout with the updated weights. The
    learning rate and the clip range anneal linearly per rollout.
-4. ``GreedyEvaluation``: every ``--eval-every`` env steps, run the greedy
+4. ``ptl_rl.PeriodicEvaluation`` (a callback): every ``--eval-every`` env steps, run the greedy
    policy on a separate env; stop once its mean return reaches ``--solved-return``.
 5. ``train``: builds the vector env, the ``ActorCriticAgent`` and the pipeline
    ``ExperienceSource -> RolloutBuffer``, fits, and evaluates the final
@@ -155,37 +155,9 @@ def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
 
 
-def greedy_return(actor: nn.Module, env: gym.vector.VectorEnv, episodes: int, seed: int) -> float:
-    """Mean undiscounted return of ``episodes`` episodes of the policy's mode (argmax / Gaussian mean)."""
-    agent = ptl_rl.StochasticPolicyAgent(actor, env.single_action_space, greedy=True)
-    return float(ptl_rl.evaluate(env, agent, episodes, seed=seed).mean())
-
-
-class GreedyEvaluation(pl.Callback):
-    """Every ``every`` env steps, evaluate the greedy policy; stop training once it reaches ``solved_return``."""
-
-    def __init__(self, pipeline: Any, env: gym.vector.VectorEnv, args: argparse.Namespace) -> None:
-        super().__init__()
-        self.source: ptl_rl.ExperienceSource = ptl_rl.find_stage(pipeline, ptl_rl.ExperienceSource)
-        self.env, self.every, self.episodes = env, args.eval_every, args.eval_episodes
-        self.solved_return, self.seed = args.solved_return, args.seed + 10_000
-        self.next_eval = self.every
-        self.history: list[tuple[int, float]] = []  # (env steps, greedy mean return)
-        self.solved_at: int | None = None
-        self.solved_time: float | None = None
-        self.start = time.perf_counter()
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: PPO, *args: Any) -> None:
-        steps = self.source.total_steps
-        if self.every <= 0 or steps < self.next_eval:
-            return
-        self.next_eval = steps - steps % self.every + self.every
-        mean_return = greedy_return(pl_module.actor, self.env, self.episodes, seed=self.seed + len(self.history))
-        self.history.append((steps, mean_return))
-        pl_module.log("eval/return_mean", mean_return, prog_bar=True, on_step=True, on_epoch=False)
-        if mean_return >= self.solved_return:
-            self.solved_at, self.solved_time = steps, time.perf_counter() - self.start
-            trainer.should_stop = True
+def greedy_agent(actor: nn.Module, env: gym.vector.VectorEnv) -> ptl_rl.StochasticPolicyAgent:
+    """The policy's mode (argmax / Gaussian mean)."""
+    return ptl_rl.StochasticPolicyAgent(actor, env.single_action_space, greedy=True)
 
 
 # ---------------------------------------------------------------------------- training
@@ -215,7 +187,15 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     # one Lightning epoch = one rollout; a sized loader also keeps Lightning from prefetching a stale batch
     loader = ptl_rl.to_dataloader(rollout, steps_per_epoch=rollout.batches_per_rollout)
 
-    evaluation = GreedyEvaluation(rollout, eval_env, args)
+    evaluation = ptl_rl.PeriodicEvaluation(
+        rollout,
+        eval_env,
+        lambda module: greedy_agent(module.actor, eval_env),
+        every_env_steps=args.eval_every,
+        episodes=args.eval_episodes,
+        stop_at_return=args.solved_return,
+        seed=args.seed + 10_000,
+    )
     callbacks: list[pl.Callback] = [
         ptl_rl.EpisodeStatsLogger(rollout, every_n_steps=rollout.batches_per_rollout),  # once per rollout
         ptl_rl.EnvStepLimit(rollout, args.env_steps),
@@ -242,7 +222,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     train_time = time.perf_counter() - start
 
     final_env = make_env(args.env_id, args.final_eval_episodes)
-    final_return = greedy_return(model.actor.cpu(), final_env, args.final_eval_episodes, seed=args.seed + 1_000_000)
+    final_agent = greedy_agent(model.actor.cpu(), final_env)
+    final_return = float(
+        ptl_rl.evaluate(final_env, final_agent, args.final_eval_episodes, seed=args.seed + 1_000_000).mean()
+    )
     for e in (env, eval_env, final_env):
         e.close()
     return {
@@ -251,7 +234,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "rollouts": rollout.rollouts_collected,
         "gradient_steps": trainer.global_step,
         "solved_at_env_steps": evaluation.solved_at,
-        "solved_after_s": evaluation.solved_time,
+        "solved_after_s": evaluation.solved_after_s,
         "eval_history": evaluation.history,
         "train_time_s": train_time,
         "wall_time_s": time.perf_counter() - start,
