@@ -26,3 +26,17 @@ def test_readme_gives_a_demo_and_a_test_command() -> None:
 def test_ci_runs_the_readme_test_command() -> None:
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert readme_commands()[1] in ci_lines
+
+
+def test_the_readme_pipeline_example_runs() -> None:
+    lines = (ROOT / "README.rst").read_text().splitlines()
+    start = lines.index(".. code-block:: python") + 2
+    block = []
+    for line in lines[start:]:
+        if line and not line.startswith("    "):
+            break
+        block.append(line[4:])
+    namespace: dict = {}
+    exec(compile("\n".join(block), "README.rst", "exec"), namespace)  # noqa: S102
+    assert len(namespace["buffer"]) >= 1_000
+    assert namespace["loader"] is not None
