@@ -13,8 +13,11 @@ from torch.utils.data import DataLoader, IterableDataset
 from ptl_rl.evaluation import evaluate
 from ptl_rl.source import ExperienceSource
 
-# The adapter always uses num_workers=0, where a length on an IterableDataset is exact.
+# The adapter always uses num_workers=0, on purpose (the agent must act with the learner's current weights,
+# in this process), and with one worker a length on an IterableDataset is exact: Lightning's warnings about
+# both do not apply.
 warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined", category=UserWarning)
+warnings.filterwarnings("ignore", message=r".*does not have many workers", category=UserWarning)
 
 
 def pipeline_stages(last: Any) -> list[Any]:

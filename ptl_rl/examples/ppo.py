@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import time
-import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -215,10 +214,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         enable_progress_bar=args.progress_bar,
         callbacks=callbacks,
     )
-    with warnings.catch_warnings():
-        # num_workers=0 is deliberate: the agent must act with the learner's weights, in this process
-        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-        trainer.fit(model, train_dataloaders=loader)
+    trainer.fit(model, train_dataloaders=loader)
     train_time = time.perf_counter() - start
 
     final_env = make_env(args.env_id, args.final_eval_episodes)
