@@ -53,13 +53,6 @@ def tree_leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, tree
 
 
-def leading_dim(tree: Any) -> int:
-    """Length of the leading (batch) dimension of the first leaf."""
-    for _, leaf in tree_leaves(tree):
-        return int(leaf.shape[0])
-    raise ValueError("empty field: a batch field must hold at least one array")
-
-
 class _FieldBatch:
     """Shared behaviour of the numpy and torch batches: attribute access to fields.
 
