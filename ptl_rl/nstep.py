@@ -59,6 +59,7 @@ class NStepTransform:
         self._fold = np.where(k[None, :] >= k[:, None], self.gamma ** (k[None, :] - k[:, None]), 0.0).astype(np.float32)
         self._discounts = (self.gamma ** np.arange(self.n + 1)).astype(np.float32)
         self._positions = (k[:, None] + k[None, :]) % self.n  # [oldest, j] -> ring position of window step j
+        self._next_position = (k + 1) % self.n
         held = k[None, :] < np.arange(self.n + 1)[:, None]  # [length, j]: step j is in a window of that length
         self._held = held.astype(np.float32)
         # [whole, length, j]: which window starts j are emitted: every tail at an episode end, else the oldest
@@ -70,6 +71,7 @@ class NStepTransform:
         self._head = np.zeros(0, dtype=np.int64)  # next write position per env
         self._length = np.zeros(0, dtype=np.int64)  # steps held per env
         self._flush_on_next = False
+        self._sized_for_source = False
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> NStepTransform:
@@ -103,7 +105,10 @@ class NStepTransform:
 
     def _fold_batch(self, batch: TransitionBatch, one_row_per_env: bool) -> TransitionBatch | None:
         env_id = np.asarray(batch["env_id"])
-        self._ensure_capacity(batch, int(env_id.max()) + 1)
+        if not (one_row_per_env and self._sized_for_source):
+            self._ensure_capacity(batch, int(env_id.max()) + 1)
+            # a source's batches hold (a subset of) the env ids of its first batch: only other input can grow
+            self._sized_for_source = one_row_per_env
         if not one_row_per_env and not self._unique(env_id):
             return self._fold_in_order(batch, env_id)
         return self._fold_unique(batch, env_id)
@@ -132,7 +137,7 @@ class NStepTransform:
         for name, store in self._window.items():
             _assign(store, slots, batch[name])
         _assign(self._last_next_obs, env, batch["next_obs"])
-        self._head[env] = (head + 1) % n
+        self._head[env] = self._next_position[head]
         length = self._length[env] + 1
         self._length[env] = length
 
@@ -157,14 +162,12 @@ class NStepTransform:
 
     def _emit_full(self, env: np.ndarray, next_obs: Any) -> TransitionBatch:
         """Emit the full oldest window of each env in ``env`` (none of them ended) and drop its oldest step."""
-        oldest = self._head[env]  # a full window's oldest step sits where the next write goes
-        base = env * self.n
-        slots = base[:, None] + self._positions[oldest]  # [R, n] window rows, oldest first
+        first = env * self.n + self._head[env]  # a full window's oldest step sits where the next write goes
         rows = len(env)
         out: dict[str, Any] = {}
         for name, store in self._window.items():
-            out[name] = _take(store, base + oldest)
-        out["reward"] = self._window["reward"].take(slots) @ self._fold[0]
+            out[name] = _take(store, first)
+        out["reward"] = self._window["reward"].take(self._window_rows[first]) @ self._fold[0]
         out["next_obs"] = next_obs
         out["terminated"] = out["truncated"] = self._no_end[:rows]
         out["discount"] = self._full_discount[:rows]
@@ -245,6 +248,10 @@ class NStepTransform:
         self._allocate_constants(size)
 
     def _allocate_constants(self, size: int) -> None:
+        # [e * n + oldest] -> the window's rows, oldest first
+        self._window_rows = (np.arange(size)[:, None, None] * self.n + self._positions[None]).reshape(
+            size * self.n, self.n
+        )
         # shared by every emitted batch, so read-only: a consumer that writes to one fails loudly
         self._no_end = _read_only(np.zeros(size, dtype=bool))
         self._full_discount = _read_only(np.full(size, self._discounts[self.n], dtype=np.float32))
@@ -269,6 +276,7 @@ class NStepTransform:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._sized_for_source = False  # the restored windows may be sized for fewer envs than the upstream has
         if state["window"] is None:
             self._window = None
             self._flush_on_next = False

@@ -334,7 +334,7 @@ class ExperienceSource:
                 self._reset_finished(done)
         if self._agent_on_env_steps is not None:
             self._agent_on_env_steps(self.total_steps)
-        return batch if len(batch) else None
+        return batch if just_reset is None or len(batch) else None
 
     def _final_obs_from_info(self, obs: Any, done: np.ndarray, info: Mapping[str, Any]) -> Any:
         if "final_obs" not in info:

@@ -374,3 +374,25 @@ def test_rejects_bad_n(n):
 def test_rejects_bad_gamma(gamma):
     with pytest.raises(ValueError, match=r"gamma must be in \(0, 1\]"):
         NStepTransform(None, 3, gamma)
+
+
+def test_restored_windows_grow_for_a_source_with_more_envs() -> None:
+    import gymnasium as gym
+
+    import ptl_rl
+
+    def pipeline(num_envs: int) -> ptl_rl.NStepTransform:
+        env = gym.make_vec("CartPole-v1", num_envs=num_envs, vectorization_mode="sync")
+        agent = lambda obs: np.zeros(len(obs), dtype=np.int64)  # noqa: E731
+        return ptl_rl.NStepTransform(ptl_rl.ExperienceSource(env, agent, seed=0), n=3, gamma=0.9)
+
+    small = pipeline(2)
+    for _ in range(4):
+        next(small)
+    large = pipeline(5)
+    next(large)  # sized for its own 5 envs before the restore
+    large.load_state_dict(small.state_dict())
+    out = next(large)  # the 2 restored windows are flushed; envs 2..4 need new window rows
+    assert set(out["env_id"].tolist()) <= set(range(5))
+    for _ in range(5):
+        assert set(next(large)["env_id"].tolist()) <= set(range(5))
