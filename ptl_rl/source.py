@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -31,8 +30,7 @@ NEXT_STEP, SAME_STEP, DISABLED = "NextStep", "SameStep", "Disabled"
 _AUTORESET_MODES = (NEXT_STEP, SAME_STEP, DISABLED)
 
 
-@dataclass(frozen=True)
-class Episode:
+class Episode(NamedTuple):
     """A finished episode: its undiscounted return, length, env and the env-step count at its end."""
 
     ret: float
@@ -359,18 +357,25 @@ class ExperienceSource:
             self._episode_length[stepped] += 1
         self.total_steps += len(reward)
         if any_done:
-            for i in np.flatnonzero(done):  # episode ends are rare: a loop over them only
-                self._record_episode(int(i))
+            self._record_episodes(done.nonzero()[0])
 
-    def _record_episode(self, i: int) -> None:
-        self.episodes_finished += 1
-        episode = Episode(
-            float(self._episode_return[i]), int(self._episode_length[i]), int(self._env_ids[i]), self.total_steps
-        )
-        self._pending_episodes.append(episode)
-        self._recent.append(episode)
-        self._episode_return[i] = 0.0
-        self._episode_length[i] = 0
+    def _record_episodes(self, ended: np.ndarray) -> None:
+        """Close the episodes of the envs ``ended`` (int [k]): one vectorized read, one Episode each."""
+        steps = self.total_steps
+        episodes = [
+            Episode(r, n, e, steps)
+            for r, n, e in zip(
+                self._episode_return[ended].tolist(),
+                self._episode_length[ended].tolist(),
+                self._env_ids[ended].tolist(),
+                strict=True,
+            )
+        ]
+        self.episodes_finished += len(episodes)
+        self._pending_episodes.extend(episodes)
+        self._recent.extend(episodes)
+        self._episode_return[ended] = 0.0
+        self._episode_length[ended] = 0
 
     def _reset_finished(self, done: np.ndarray) -> None:
         """Reset the sub-envs that ended (single env, or a vector env in disabled mode)."""
