@@ -14,12 +14,6 @@ from ptl_rl.distributions import ActionDistribution, ActionRescaler, Categorical
 from ptl_rl.selectors import EpsilonGreedySelector
 
 
-def _module_device(net: nn.Module) -> torch.device:
-    for p in net.parameters():
-        return p.device
-    return torch.device("cpu")
-
-
 class _DeviceOf:
     """The device of a module's first parameter, read on every call.
 

@@ -29,9 +29,6 @@ CORE_FIELDS = (
     "env_id",
 )
 
-ArrayTree = np.ndarray | dict[str, "ArrayTree"]
-TensorTree = torch.Tensor | dict[str, "TensorTree"]
-
 
 def tree_map(fn: Callable[..., Any], tree: Any, *others: Any) -> Any:
     """Apply ``fn`` leaf-wise to ``tree`` (an array or nested dict of arrays).

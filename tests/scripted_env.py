@@ -108,9 +108,6 @@ class ScriptedEnv(gym.Env):
         self._active = not (terminated or truncated)
         return next_obs, reward, terminated, truncated, {}
 
-    def scripted_steps(self) -> int:
-        return sum(length for length, _ in self.episodes)
-
 
 def _ident(obs: Any) -> np.ndarray:
     return np.array(obs["id"] if isinstance(obs, dict) else obs, dtype=np.int64).copy()
