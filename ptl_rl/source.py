@@ -78,12 +78,13 @@ def _copy_tree(tree: Any) -> Any:
     return tree_map(np.array, tree)
 
 
-def _set_row(tree: Any, row: int, value: Any) -> None:
+def _set_rows(tree: Any, rows: np.ndarray, values: list[Any]) -> None:
+    """``tree[rows] = values`` for a (dict of) array(s); ``values`` holds one unbatched obs per row."""
     if isinstance(tree, Mapping):
         for k in tree:
-            _set_row(tree[k], row, value[k])
+            _set_rows(tree[k], rows, [v[k] for v in values])
     else:
-        tree[row] = value
+        tree[rows] = np.stack(values)
 
 
 class ExperienceSource:
@@ -340,9 +341,9 @@ class ExperienceSource:
                 "the vector env reported an episode end without info['final_obs']; it does not autoreset "
                 "in same-step mode. Pass autoreset_mode='NextStep' or 'Disabled' to ExperienceSource."
             )
+        ended = done.nonzero()[0]
         next_obs = _copy_tree(obs)
-        for i in np.flatnonzero(done):  # only the envs whose episode ended this step
-            _set_row(next_obs, int(i), info["final_obs"][i])
+        _set_rows(next_obs, ended, list(info["final_obs"][ended]))
         return next_obs
 
     def _track_episodes(

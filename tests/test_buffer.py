@@ -174,17 +174,18 @@ def test_bad_buffer_arguments(kwargs, message) -> None:
         ReplayBuffer(None, **kwargs)
 
 
+def counting_upstream(rows: int, pulls: list[int]):
+    """Endless batches of ``rows`` numbered transitions; appends each pull's first number to ``pulls``."""
+    start = 0
+    while True:
+        pulls.append(start)
+        yield make_batch(start, rows)
+        start += rows
+
+
 def test_stage_waits_for_warmup_then_yields_once_per_transitions_per_yield() -> None:
-    pulls = []
-
-    def upstream():
-        start = 0
-        while True:
-            pulls.append(start)
-            yield make_batch(start, 3)
-            start += 3
-
-    buffer = ReplayBuffer(upstream(), 100, warmup=10, transitions_per_yield=5)
+    pulls: list[int] = []
+    buffer = ReplayBuffer(counting_upstream(3, pulls), 100, warmup=10, transitions_per_yield=5)
     assert next(buffer) is buffer
     assert len(buffer) == 12  # 4 pulls of 3 reach the warm-up of 10 and pay for the first yield
     yields = 0
@@ -196,16 +197,8 @@ def test_stage_waits_for_warmup_then_yields_once_per_transitions_per_yield() -> 
 
 
 def test_several_yields_per_pull_when_a_pull_brings_more_than_transitions_per_yield() -> None:
-    pulls = []
-
-    def upstream():
-        start = 0
-        while True:
-            pulls.append(start)
-            yield make_batch(start, 8)
-            start += 8
-
-    buffer = ReplayBuffer(upstream(), 100, warmup=0, transitions_per_yield=2)
+    pulls: list[int] = []
+    buffer = ReplayBuffer(counting_upstream(8, pulls), 100, warmup=0, transitions_per_yield=2)
     for _ in range(12):
         next(buffer)
     assert len(pulls) == 3  # 8 transitions per pull pay for 4 yields
