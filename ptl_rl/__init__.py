@@ -1,6 +1,6 @@
 """ptl_rl: composable experience pipelines that feed PyTorch Lightning.
 
-    ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler -> to_dataloader
+ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler -> to_dataloader
 """
 
 from ptl_rl.agents import (
@@ -12,7 +12,7 @@ from ptl_rl.agents import (
     TargetNet,
     obs_to_tensor,
 )
-from ptl_rl.batch import CORE_FIELDS, TorchBatch, TransitionBatch
+from ptl_rl.batch import BOLTS_FIELDS, CORE_FIELDS, TorchBatch, TransitionBatch
 from ptl_rl.buffers import (
     ArrayStorage,
     PrioritizedReplayBuffer,
@@ -21,30 +21,40 @@ from ptl_rl.buffers import (
     SequenceReplayBuffer,
     SumTree,
 )
+from ptl_rl.callbacks import EnvStepLimit, EpisodeStatsLogger, PeriodicEvaluation
 from ptl_rl.distributions import ActionRescaler, action_head
-from ptl_rl.evaluation import evaluate
+from ptl_rl.evaluation import EvaluationDataset, evaluate, evaluation_dataloader, run_episodes
 from ptl_rl.gae import compute_gae
 from ptl_rl.lightning import (
-    EnvStepLimit,
-    EpisodeStatsLogger,
-    PeriodicEvaluation,
+    CHECKPOINT_KEY,
+    EvaluationMixin,
+    PipelineCheckpoint,
     PipelineDataset,
+    PipelineLoader,
     RLDataModule,
-    find_stage,
-    load_pipeline_state_dict,
-    pipeline_stages,
-    pipeline_state_dict,
     to_dataloader,
 )
 from ptl_rl.nstep import NStepTransform
+from ptl_rl.ranks import assign_rank, rank_seed
 from ptl_rl.sampler import BatchSampler
 from ptl_rl.selectors import ArgmaxSelector, EpsilonGreedySelector, LinearSchedule
 from ptl_rl.source import Episode, ExperienceSource
+from ptl_rl.stages import find_stage, load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BOLTS_FIELDS",
+    "CHECKPOINT_KEY",
     "CORE_FIELDS",
+    "EvaluationDataset",
+    "EvaluationMixin",
+    "PipelineCheckpoint",
+    "PipelineLoader",
+    "assign_rank",
+    "evaluation_dataloader",
+    "rank_seed",
+    "run_episodes",
     "ActionRescaler",
     "ActorCriticAgent",
     "DeterministicActorAgent",

@@ -11,6 +11,7 @@ from gymnasium import spaces
 from torch import nn
 
 from ptl_rl.distributions import ActionDistribution, ActionRescaler, Categorical, MultiCategorical, uniform_log_prob
+from ptl_rl.ranks import rank_seed
 from ptl_rl.selectors import EpsilonGreedySelector
 
 
@@ -28,16 +29,30 @@ class _DeviceOf:
     def __call__(self) -> torch.device:
         return self._probe.device if self._probe is not None else torch.device("cpu")
 
+    def float_dtype(self) -> torch.dtype:
+        """The network's floating dtype (bfloat16 under ``precision="bf16-true"``); float32 if it has no floats."""
+        probe = self._probe
+        return probe.dtype if probe is not None and probe.is_floating_point() else torch.float32
 
-def obs_to_tensor(obs: Any, device: torch.device) -> Any:
+
+def obs_to_tensor(obs: Any, device: torch.device, float_dtype: torch.dtype = torch.float32) -> Any:
     """Numpy observations (array or dict of arrays) -> tensors on ``device``.
 
-    Float64 arrays become float32, the dtype networks expect.
+    Floating arrays become ``float_dtype`` (pass the network's dtype, e.g.
+    bfloat16 under ``precision="bf16-true"``); integer arrays such as uint8
+    pixels keep their dtype, and the network converts them.
     """
     if isinstance(obs, dict):
-        return {k: obs_to_tensor(v, device) for k, v in obs.items()}
+        return {k: obs_to_tensor(v, device, float_dtype) for k, v in obs.items()}
     t = torch.as_tensor(obs, device=device)
-    return t.float() if t.dtype == torch.float64 else t
+    return t.to(float_dtype) if t.is_floating_point() and t.dtype != float_dtype else t
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A tensor on the host as numpy; bfloat16/float16 become float32 (numpy has no bfloat16)."""
+    if t.is_floating_point() and t.dtype not in (torch.float32, torch.float64):
+        t = t.float()
+    return t.cpu().numpy()
 
 
 class DQNAgent:
@@ -57,13 +72,28 @@ class DQNAgent:
 
     @torch.no_grad()
     def __call__(self, obs: Any) -> np.ndarray:
-        q = self.net(obs_to_tensor(obs, self._device()))
-        return self.selector(q.cpu().numpy())
+        q = self.net(obs_to_tensor(obs, self._device(), self._device.float_dtype()))
+        return self.selector(_to_numpy(q))
 
     def on_env_steps(self, total_steps: int) -> None:
         hook = getattr(self.selector, "on_env_steps", None)
         if hook is not None:
             hook(total_steps)
+
+    def set_rank(self, rank: int) -> None:
+        """Rank-distinct exploration under DDP: passed on to the selector."""
+        hook = getattr(self.selector, "set_rank", None)
+        if hook is not None:
+            hook(rank)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The selector's state (exploration RNG, epsilon); the network's weights live in the LightningModule."""
+        hook = getattr(self.selector, "state_dict", None)
+        return {"selector": hook()} if hook is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "selector" in state:
+            self.selector.load_state_dict(state["selector"])
 
 
 class PolicyAgent:
@@ -83,7 +113,7 @@ class PolicyAgent:
 
     @torch.no_grad()
     def __call__(self, obs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        logits = self.net(obs_to_tensor(obs, self._device())).float().cpu()
+        logits = self.net(obs_to_tensor(obs, self._device(), self._device.float_dtype())).float().cpu()
         log_probs = torch.log_softmax(logits, dim=-1)
         if self.greedy:
             actions = log_probs.argmax(dim=-1)
@@ -145,6 +175,8 @@ class _GeneratorPerDevice:
 
     def __init__(self, seed: int | None) -> None:
         self.seed = seed
+        self.base_seed = seed  # the seed given, before any rank offset
+        self.rank = 0
         self._generators: dict[torch.device, torch.Generator] = {}
 
     def __call__(self, device: torch.device) -> torch.Generator:
@@ -153,8 +185,41 @@ class _GeneratorPerDevice:
             generator = self._generators[device] = _seeded_generator(device, self.seed)
         return generator
 
+    def set_rank(self, rank: int) -> None:
+        """Re-seed for ``rank`` (a no-op when already there, so a restored state is kept)."""
+        if int(rank) != self.rank:
+            self.rank = int(rank)
+            self.seed = rank_seed(self.base_seed, self.rank)
+            self._generators.clear()
 
-class StochasticPolicyAgent:
+    def state_dict(self) -> dict[str, Any]:
+        return {str(device): generator.get_state() for device, generator in self._generators.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for device, generator_state in state.items():
+            self(torch.device(device)).set_state(generator_state)
+
+
+class _SeededAgentState:
+    """``state_dict``/``set_rank`` of an agent whose only state is ``total_steps`` and its sampling generators."""
+
+    _generator: _GeneratorPerDevice
+    total_steps: int
+
+    def set_rank(self, rank: int) -> None:
+        """Rank-distinct sampling under DDP."""
+        self._generator.set_rank(rank)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Env-step count and sampling RNG states; the networks' weights live in the LightningModule."""
+        return {"total_steps": self.total_steps, "generators": self._generator.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.on_env_steps(int(state["total_steps"]))  # type: ignore[attr-defined]
+        self._generator.load_state_dict(state["generators"])
+
+
+class StochasticPolicyAgent(_SeededAgentState):
     """Samples actions from a policy ``actor(obs) -> ActionDistribution`` (see :mod:`ptl_rl.distributions`).
 
     Works for ``Discrete``, ``MultiDiscrete`` and 1-d ``Box`` action spaces. For
@@ -206,9 +271,10 @@ class StochasticPolicyAgent:
     # ------------------------------------------------------------------ training-side helpers (with gradients)
     def distribution(self, obs: Any) -> ActionDistribution:
         """The policy at ``obs`` (numpy or tensors, leading dim B) under the current weights, with gradients."""
+        dtype = self._actor_device.float_dtype()
         if not isinstance(obs, torch.Tensor) and not (isinstance(obs, dict) and _is_tensor_tree(obs)):
-            obs = obs_to_tensor(obs, self._actor_device())
-        out = self.actor(_float32(obs))
+            obs = obs_to_tensor(obs, self._actor_device(), dtype)
+        out = self.actor(_as_float(obs, dtype))
         if isinstance(out, torch.Tensor):
             if isinstance(self.action_space, spaces.Discrete):
                 return Categorical(out)
@@ -255,8 +321,8 @@ class StochasticPolicyAgent:
     def _outputs(
         self, action: torch.Tensor, log_prob: torch.Tensor, extras: dict[str, np.ndarray]
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        extras["log_prob"] = log_prob.float().cpu().numpy()
-        action_np = action.cpu().numpy()
+        extras["log_prob"] = _to_numpy(log_prob.float())
+        action_np = _to_numpy(action)
         if self.rescaler is None:
             return action_np.astype(np.int64, copy=False), extras
         extras["policy_action"] = action_np.astype(np.float32, copy=False)
@@ -281,9 +347,10 @@ class ActorCriticAgent(StochasticPolicyAgent):
 
     def critic_value(self, obs: Any) -> torch.Tensor:
         """Values float [B] of ``obs`` (tensors on the critic's device), with gradients."""
+        dtype = self._critic_device.float_dtype()
         if not isinstance(obs, torch.Tensor) and not (isinstance(obs, dict) and _is_tensor_tree(obs)):
-            obs = obs_to_tensor(obs, self._critic_device())
-        out = self.critic(_float32(obs))
+            obs = obs_to_tensor(obs, self._critic_device(), dtype)
+        out = self.critic(_as_float(obs, dtype))
         return out.reshape(out.shape[0])
 
     @torch.inference_mode()  # cheaper than no_grad; the outputs leave as numpy
@@ -293,7 +360,7 @@ class ActorCriticAgent(StochasticPolicyAgent):
 
     @torch.inference_mode()  # cheaper than no_grad; the outputs leave as numpy
     def __call__(self, obs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        obs_t = obs_to_tensor(obs, self._actor_device())
+        obs_t = obs_to_tensor(obs, self._actor_device(), self._actor_device.float_dtype())
         dist = self.distribution(obs_t)
         action, log_prob = self._choose(dist)
         value = self.critic_value(obs_t)
@@ -305,7 +372,7 @@ class ActorCriticAgent(StochasticPolicyAgent):
         return dist.log_prob(self.policy_action(batch)), dist.entropy(), self.critic_value(batch["obs"])
 
 
-class DeterministicActorAgent:
+class DeterministicActorAgent(_SeededAgentState):
     """Acts with a deterministic actor plus Gaussian exploration noise (DDPG/TD3 style), for Box spaces.
 
     ``actor(obs)`` gives policy actions float [N, D] in ``[-1, 1]`` (end it in
@@ -345,7 +412,7 @@ class DeterministicActorAgent:
     @torch.inference_mode()  # cheaper than no_grad; the outputs leave as numpy
     def __call__(self, obs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         device = self._actor_device()
-        mean = self.actor(_float32(obs_to_tensor(obs, device)))
+        mean = self.actor(obs_to_tensor(obs, device, self._actor_device.float_dtype()))
         generator = self._generator(device)
         if self.total_steps < self.warmup_steps:
             action = torch.rand(mean.shape, generator=generator, device=device) * 2.0 - 1.0
@@ -362,8 +429,8 @@ def _is_tensor_tree(obs: dict) -> bool:
     return all(isinstance(v, torch.Tensor) or (isinstance(v, dict) and _is_tensor_tree(v)) for v in obs.values())
 
 
-def _float32(obs: Any) -> Any:
-    """Float64 tensors -> float32 (what networks expect); integer observations are left to the network."""
+def _as_float(obs: Any, dtype: torch.dtype) -> Any:
+    """Floating tensors -> ``dtype`` (the network's); integer observations are left to the network."""
     if isinstance(obs, dict):
-        return {k: _float32(v) for k, v in obs.items()}
-    return obs.float() if obs.dtype == torch.float64 else obs
+        return {k: _as_float(v, dtype) for k, v in obs.items()}
+    return obs.to(dtype) if obs.is_floating_point() and obs.dtype != dtype else obs

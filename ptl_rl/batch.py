@@ -12,7 +12,8 @@ Core fields (see DESIGN.md): ``obs``, ``action``, ``reward`` (float32, [B]),
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Iterator, KeysView, Mapping, ValuesView
 from typing import Any
 
 import numpy as np
@@ -50,10 +51,34 @@ def tree_leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, tree
 
 
+# id(indices tensor) -> (weak reference to it, the priority feedback of its batch). A Lightning precision plugin
+# ("bf16-true", "64-true") rebuilds a batch from its fields, which drops the batch's own link; integer tensors such
+# as ``indices`` pass through that rebuild unchanged, so the rebuilt batch finds its feedback here. An entry leaves
+# with its tensor. (Keyed by id: a WeakKeyDictionary would compare tensors with ==, which is elementwise.)
+_FEEDBACK_OF_INDICES: dict[int, tuple[weakref.ref, Any]] = {}
+
+
+def _link_feedback(indices: torch.Tensor, feedback: Any) -> None:
+    key = id(indices)
+    if key not in _FEEDBACK_OF_INDICES:
+        weakref.finalize(indices, _FEEDBACK_OF_INDICES.pop, key, None)
+    _FEEDBACK_OF_INDICES[key] = (weakref.ref(indices), feedback)
+
+
+def _linked_feedback(indices: torch.Tensor) -> Any:
+    entry = _FEEDBACK_OF_INDICES.get(id(indices))
+    return entry[1] if entry is not None and entry[0]() is indices else None
+
+
 class _FieldBatch:
     """Shared behaviour of the numpy and torch batches: attribute access to fields.
 
-    ``len(batch)`` is the number of transitions; ``batch.keys()`` the field names.
+    A batch is a read-write mapping from field names to arrays, so Lightning
+    treats it as the collections it knows: ``iter(batch)``, ``keys()``,
+    ``values()`` and ``items()`` go over the fields, and Lightning infers the
+    batch size, moves the batch to a device and converts it under a
+    ``precision`` plugin. Unlike a dict, ``len(batch)`` is the number of
+    transitions (rows), not the number of fields.
     """
 
     __slots__ = ("_feedback", "_fields")
@@ -84,11 +109,20 @@ class _FieldBatch:
     def __contains__(self, key: str) -> bool:
         return key in self._fields
 
-    def keys(self) -> Iterable[str]:
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def keys(self) -> KeysView[str]:
         return self._fields.keys()
+
+    def values(self) -> ValuesView[Any]:
+        return self._fields.values()
 
     def items(self) -> Iterable[tuple[str, Any]]:
         return self._fields.items()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._fields.get(key, default)
 
     def __len__(self) -> int:
         """Number of transitions (rows) in the batch."""
@@ -129,10 +163,20 @@ class _FieldBatch:
         object.__setattr__(self, "_feedback", feedback)
 
     def _pass_feedback(self, new: _FieldBatch, index: Any = None) -> Any:
-        if self._feedback is not None:
-            feedback = self._feedback if index is None else self._feedback.select(index)
+        own = self._own_feedback()
+        if own is not None:
+            feedback = own if index is None else own.select(index)
             object.__setattr__(new, "_feedback", feedback)
+            indices = new._fields.get("indices")
+            if isinstance(indices, torch.Tensor):
+                _link_feedback(indices, feedback)
         return new
+
+    def _own_feedback(self) -> Any:
+        if self._feedback is not None:
+            return self._feedback
+        indices = self._fields.get("indices")
+        return _linked_feedback(indices) if isinstance(indices, torch.Tensor) else None
 
     def update_priorities(self, td_errors: Any) -> int:
         """Feed the TD errors of this batch back as priorities ``|td_errors|``: one call from ``training_step``.
@@ -142,12 +186,13 @@ class _FieldBatch:
         slot was overwritten since sampling are ignored; returns their number.
         Only batches sampled from a prioritized buffer have this link.
         """
-        if self._feedback is None:
+        feedback = self._own_feedback()
+        if feedback is None:
             raise TypeError(
                 "this batch was not sampled from a prioritized buffer, so it has no priorities to update; "
                 "sample it from a PrioritizedReplayBuffer (or SequenceReplayBuffer(prioritized=True))"
             )
-        return self._feedback(td_errors)
+        return feedback(td_errors)
 
 
 def _from_numpy(tree: Any) -> Any:
@@ -231,3 +276,19 @@ class TorchBatch(_FieldBatch):
         return self._pass_feedback(
             TorchBatch({k: tree_map(lambda t: t[index], v) for k, v in self._fields.items()}), index
         )
+
+    def as_tuple(self, fields: Iterable[str]) -> tuple[Any, ...]:
+        """The tensors of ``fields`` in that order, e.g. ``batch.as_tuple(BOLTS_FIELDS)``."""
+        return tuple(self._fields[name] for name in fields)
+
+
+# What older Lightning RL modules (Lightning Bolts' DQN and its copies) unpack in ``training_step``:
+# ``states, actions, rewards, dones, next_states = batch``, with ``dones`` = ``terminated``. Such a module
+# bootstraps with a fixed ``gamma``; that is exact only for 1-step data (``discount == gamma``). For n-step data
+# it must use the ``discount`` field instead (see ``to_dataloader(..., as_tuple=...)``).
+BOLTS_FIELDS = ("obs", "action", "reward", "terminated", "next_obs")
+
+# A batch is a mapping of fields (see _FieldBatch); registered rather than inherited so that ``len`` keeps
+# counting rows, which every stage relies on.
+Mapping.register(TransitionBatch)
+Mapping.register(TorchBatch)

@@ -1,62 +1,64 @@
-"""The Lightning side: a DataLoader adapter, a DataModule that checkpoints the pipeline, callbacks."""
+"""The Lightning side: the DataLoader adapter, the checkpoint of a pipeline, and a DataModule around both.
+
+Everything here works with the Trainer of either Lightning package
+(``pytorch_lightning`` or ``lightning.pytorch``), see :mod:`ptl_rl.compat`.
+The callbacks live in :mod:`ptl_rl.callbacks`.
+"""
 
 from __future__ import annotations
 
-import time
 import warnings
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-import pytorch_lightning as pl
+import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
-from ptl_rl.evaluation import evaluate
+from ptl_rl.compat import Callback, DataModule
+from ptl_rl.evaluation import evaluation_dataloader
+from ptl_rl.nstep import NStepTransform
+from ptl_rl.ranks import assign_rank, distributed_rank
 from ptl_rl.source import ExperienceSource
+from ptl_rl.stages import (
+    find_stage,
+    holds_replay,
+    load_pipeline_state_dict,
+    pipeline_stages,
+    pipeline_state_dict,
+)
+
+__all__ = [
+    "CHECKPOINT_KEY",
+    "PipelineCheckpoint",
+    "PipelineDataset",
+    "RLDataModule",
+    "find_stage",
+    "load_pipeline_state_dict",
+    "pipeline_stages",
+    "pipeline_state_dict",
+    "to_dataloader",
+]
 
 # The adapter always uses num_workers=0, on purpose (the agent must act with the learner's current weights,
-# in this process), and with one worker a length on an IterableDataset is exact: Lightning's warnings about
-# both do not apply.
-warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined", category=UserWarning)
-warnings.filterwarnings("ignore", message=r".*does not have many workers", category=UserWarning)
+# in this process), and with one worker a length on an IterableDataset is exact. Lightning warns about both while
+# it sets the loader up, before the loader runs any code, so these two messages are silenced when a ptl_rl loader
+# is made (not at import): Lightning gives no per-loader way.
+_IRRELEVANT_WARNINGS = (
+    r"Your `IterableDataset` has `__len__` defined",
+    r"The 'train_dataloader' does not have many workers",
+)
+
+# Where a pipeline's state lives in a Lightning checkpoint: one fixed key, whatever the DataModule's class.
+CHECKPOINT_KEY = "ptl_rl/pipeline"
+
+# Last stages whose state some PipelineCheckpoint saves; the adapter warns when a checkpoint misses them.
+_CHECKPOINTED: weakref.WeakSet = weakref.WeakSet()
 
 
-def pipeline_stages(last: Any) -> list[Any]:
-    """The stages of a pipeline, source first, found by following ``.upstream``."""
-    stages = []
-    stage = last
-    while stage is not None:
-        stages.append(stage)
-        stage = getattr(stage, "upstream", None)
-    return stages[::-1]
-
-
-def find_stage(last: Any, kind: type) -> Any:
-    """The first stage of type ``kind`` in the pipeline ending at ``last``."""
-    for stage in pipeline_stages(last):
-        if isinstance(stage, kind):
-            return stage
-    raise ValueError(f"the pipeline {[type(s).__name__ for s in pipeline_stages(last)]} has no {kind.__name__}")
-
-
-def pipeline_state_dict(last: Any) -> dict[str, Any]:
-    """State of every stage that has ``state_dict``, keyed ``"<position>:<class name>"``."""
-    return {
-        f"{i}:{type(stage).__name__}": stage.state_dict()
-        for i, stage in enumerate(pipeline_stages(last))
-        if hasattr(stage, "state_dict")
-    }
-
-
-def load_pipeline_state_dict(last: Any, state: dict[str, Any]) -> None:
-    """Restore what :func:`pipeline_state_dict` saved into a pipeline of the same shape."""
-    stages = {f"{i}:{type(s).__name__}": s for i, s in enumerate(pipeline_stages(last)) if hasattr(s, "state_dict")}
-    if set(stages) != set(state):
-        raise ValueError(
-            f"checkpointed pipeline has stages {sorted(state)}, this one has {sorted(stages)}; "
-            "build the same pipeline before restoring"
-        )
-    for key, stage in stages.items():
-        stage.load_state_dict(state[key])
+def _last_stage(pipeline: Any) -> Any:
+    return pipeline_stages(pipeline)[-1]
 
 
 class PipelineDataset(IterableDataset):
@@ -65,25 +67,54 @@ class PipelineDataset(IterableDataset):
     Every epoch continues the same pipeline iterator: environments, windows
     and buffers carry over between epochs. Without ``steps_per_epoch`` the
     dataset has no length and Lightning sees one endless epoch (stop it with
-    ``Trainer(max_steps=...)``).
+    ``Trainer(max_steps=...)`` or :class:`~ptl_rl.callbacks.EnvStepLimit`).
+    With ``as_tuple`` each batch is handed over as the tuple of those fields.
+
+    When it starts iterating inside ``torch.distributed`` (a DDP run), it gives
+    every stage the process's rank first (:func:`~ptl_rl.ranks.assign_rank`),
+    so ranks collect and sample different data.
     """
 
-    def __init__(self, pipeline: Any, steps_per_epoch: int | None = None) -> None:
+    def __init__(
+        self, pipeline: Any, steps_per_epoch: int | None = None, as_tuple: Sequence[str] | None = None
+    ) -> None:
         super().__init__()
         if steps_per_epoch is not None and steps_per_epoch < 1:
             raise ValueError(f"steps_per_epoch must be >= 1 or None, got {steps_per_epoch}")
         self.pipeline = pipeline
         self.steps_per_epoch = steps_per_epoch
+        self.as_tuple = tuple(as_tuple) if as_tuple is not None else None
+        self.stop_condition_checked = False  # set by a callback that saw the Trainer's limits
         self._iterator: Iterator[Any] | None = None
 
     def __iter__(self) -> Iterator[Any]:
         if self._iterator is None:
-            self._iterator = iter(self.pipeline)
+            self._start()
         if self.steps_per_epoch is None:
-            yield from self._iterator
-            return
+            while True:
+                yield self._next()
         for _ in range(self.steps_per_epoch):
-            yield next(self._iterator)
+            yield self._next()
+
+    def _start(self) -> None:
+        rank, world_size = distributed_rank()
+        if world_size > 1:
+            assign_rank(self.pipeline, rank)
+        if self.steps_per_epoch is None and not self.stop_condition_checked:
+            warnings.warn(
+                "this ptl_rl loader has no length (steps_per_epoch=None), so Lightning runs one endless epoch: "
+                "training ends only at Trainer(max_steps=...), an EnvStepLimit callback or an interrupt, and "
+                "max_epochs never stops it. Pass steps_per_epoch to to_dataloader for finite epochs.",
+                UserWarning,
+                stacklevel=3,
+            )
+        self._iterator = iter(self.pipeline)
+
+    def _next(self) -> Any:
+        batch = next(self._iterator)
+        if self.as_tuple is not None:
+            return batch.as_tuple(self.as_tuple)
+        return batch
 
     def __len__(self) -> int:
         if self.steps_per_epoch is None:
@@ -91,11 +122,53 @@ class PipelineDataset(IterableDataset):
         return self.steps_per_epoch
 
 
+class PipelineLoader(DataLoader):
+    """The DataLoader :func:`to_dataloader` returns.
+
+    It has ``state_dict`` only to notice checkpoints: Lightning asks every
+    stateful loader for its state when it writes one. If no
+    :class:`PipelineCheckpoint` (or :class:`RLDataModule`) saves this
+    pipeline, it warns once: resuming from that checkpoint would start with an
+    empty replay and fresh counters.
+    """
+
+    dataset: PipelineDataset
+
+    def state_dict(self) -> dict[str, Any]:
+        if not any(stage in _CHECKPOINTED for stage in pipeline_stages(self.dataset.pipeline)):
+            warnings.warn(
+                "a Lightning checkpoint is being written without the ptl_rl pipeline's state (replay, n-step "
+                "windows, RNG, epsilon, env-step counters): resuming from it restarts collection from scratch. "
+                "Add ptl_rl.PipelineCheckpoint(loader) to the Trainer's callbacks, or use ptl_rl.RLDataModule.",
+                UserWarning,
+                stacklevel=2,
+            )
+            _CHECKPOINTED.add(_last_stage(self.dataset.pipeline))  # warn once per pipeline
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass  # the pipeline's state is restored by PipelineCheckpoint
+
+
 def _as_is(batch: Any) -> Any:
     return batch
 
 
-def to_dataloader(pipeline: Any, steps_per_epoch: int | None = None) -> DataLoader:
+def _check_last_stage(pipeline: Any) -> None:
+    if holds_replay(pipeline) or isinstance(pipeline, (ExperienceSource, NStepTransform)):
+        kind = type(pipeline).__name__
+        raise TypeError(
+            f"to_dataloader got a {kind}, which yields "
+            + ("the buffer itself" if holds_replay(pipeline) else "numpy TransitionBatches")
+            + ", not torch batches: end the pipeline with a sampler, "
+            f"to_dataloader(ptl_rl.BatchSampler({'buffer' if holds_replay(pipeline) else 'replay_buffer'}, "
+            "batch_size=...)), or with a RolloutBuffer for on-policy training"
+        )
+
+
+def to_dataloader(
+    pipeline: Any, steps_per_epoch: int | None = None, *, as_tuple: Sequence[str] | None = None
+) -> PipelineLoader:
     """Wrap the last pipeline stage as a DataLoader for ``trainer.fit``.
 
     ``batch_size=None`` (the pipeline already batches), ``num_workers=0`` (the
@@ -106,133 +179,238 @@ def to_dataloader(pipeline: Any, steps_per_epoch: int | None = None) -> DataLoad
     which gets one Lightning epoch per rollout: a sized loader keeps Lightning
     from prefetching, so a rollout is collected only after the last update on
     the previous one.
+
+    ``as_tuple`` hands each batch over as a tuple of those fields instead of a
+    :class:`~ptl_rl.batch.TorchBatch`, for modules that unpack tuples, e.g.
+    ``as_tuple=ptl_rl.BOLTS_FIELDS`` gives ``(states, actions, rewards, dones,
+    next_states)`` with ``dones = terminated``. Such modules bootstrap with a
+    fixed gamma, which is right only for 1-step data; with n-step returns add
+    ``"discount"`` to the tuple and use it in place of gamma.
+
+    The pipeline's state is checkpointed only with a :class:`PipelineCheckpoint`
+    callback (or through :class:`RLDataModule`); the loader warns when a
+    checkpoint is written without one.
     """
+    _check_last_stage(pipeline)
+    for message in _IRRELEVANT_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
     if steps_per_epoch is None:
         steps_per_epoch = getattr(pipeline, "batches_per_rollout", None)
-    return DataLoader(PipelineDataset(pipeline, steps_per_epoch), batch_size=None, num_workers=0, collate_fn=_as_is)
+    dataset = PipelineDataset(pipeline, steps_per_epoch, as_tuple)
+    return PipelineLoader(dataset, batch_size=None, num_workers=0, collate_fn=_as_is)
 
 
-class RLDataModule(pl.LightningDataModule):
-    """A DataModule over a pipeline whose state travels in Lightning checkpoints.
-
-    ``state_dict`` holds each stage's state (replay contents, RNG states,
-    in-flight n-step windows, episode counters) as tensors and plain
-    containers, so ``torch.load(..., weights_only=True)`` reads the checkpoint.
-    Lightning restores it in ``trainer.fit(..., ckpt_path=...)``.
-    """
-
-    def __init__(self, pipeline: Any, steps_per_epoch: int | None = 1000) -> None:
-        super().__init__()
-        self.pipeline = pipeline
-        self.steps_per_epoch = steps_per_epoch
-        self._loader: DataLoader | None = None
-
-    def train_dataloader(self) -> DataLoader:
-        if self._loader is None:
-            self._loader = to_dataloader(self.pipeline, self.steps_per_epoch)
-        return self._loader
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"pipeline": pipeline_state_dict(self.pipeline)}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        load_pipeline_state_dict(self.pipeline, state_dict["pipeline"])
+# ---------------------------------------------------------------------------- checkpoints
+def _world(trainer: Any) -> tuple[int, int]:
+    return int(trainer.global_rank), int(trainer.world_size)
 
 
-class EpisodeStatsLogger(pl.Callback):
-    """Logs episode statistics of an :class:`ExperienceSource` every ``every_n_steps`` training batches.
-
-    Logged (and shown in the progress bar): ``episode/return_mean`` and
-    ``episode/length_mean`` over the source's recent episodes, and
-    ``env_steps``. Pass the source or any later stage of its pipeline. Each
-    ``log`` call costs Lightning about as much as a small network's gradient
-    step, hence logging every few steps rather than every one.
-    """
-
-    def __init__(self, pipeline: Any, every_n_steps: int = 10, prog_bar: bool = True) -> None:
-        super().__init__()
-        if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
-        self.source: ExperienceSource = find_stage(pipeline, ExperienceSource)
-        self.every_n_steps = int(every_n_steps)
-        self.prog_bar = prog_bar
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        if trainer.global_step % self.every_n_steps:
-            return
-        stats = self.source.episode_stats()
-        pl_module.log("env_steps", stats["env_steps"], prog_bar=self.prog_bar, on_step=True, on_epoch=False)
-        if "return_mean" in stats:
-            pl_module.log(
-                "episode/return_mean", stats["return_mean"], prog_bar=self.prog_bar, on_step=True, on_epoch=False
-            )
-            pl_module.log("episode/length_mean", stats["length_mean"], on_step=True, on_epoch=False)
+def _gather_to_rank_zero(state: Any, trainer: Any) -> list[Any] | None:
+    """Every rank's ``state`` on rank 0 (in rank order); ``None`` on the other ranks."""
+    rank, world_size = _world(trainer)
+    if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return [state]
+    gathered: list[Any] | None = [None] * world_size if rank == 0 else None
+    dist.gather_object(state, gathered, dst=0)
+    return gathered
 
 
-class EnvStepLimit(pl.Callback):
-    """Stops training once the pipeline's source has taken ``max_env_steps`` env steps."""
+class PipelineCheckpoint(Callback):
+    """Saves a pipeline's state in every Lightning checkpoint and restores it on resume.
 
-    def __init__(self, pipeline: Any, max_env_steps: int) -> None:
-        super().__init__()
-        self.source: ExperienceSource = find_stage(pipeline, ExperienceSource)
-        self.max_env_steps = int(max_env_steps)
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        if self.source.total_steps >= self.max_env_steps:
-            trainer.should_stop = True
-
-
-class PeriodicEvaluation(pl.Callback):
-    """Evaluates the current policy every ``every_env_steps`` env steps; can stop training once it is good enough.
+    The state (replay contents, priorities, RNG states, in-flight n-step
+    windows, episode counters, the agent's exploration state) is held as
+    tensors and plain containers, so ``torch.load(ckpt, weights_only=True)``
+    reads the checkpoint. It lives under one fixed key,
+    :data:`CHECKPOINT_KEY`, whatever the DataModule's class.
 
     Args:
-        pipeline: the training pipeline (any stage after its :class:`ExperienceSource`), whose env-step count
-            sets the rhythm.
-        env: a separate evaluation env (vector envs run the episodes in parallel).
-        make_agent: ``pl_module -> agent``, e.g. ``lambda m: DQNAgent(m.q_net, ArgmaxSelector())`` for a
-            greedy policy; called at every evaluation, so it acts with the current weights.
-        every_env_steps: env steps between evaluations (``<= 0``: never).
-        episodes: episodes per evaluation (see :func:`~ptl_rl.evaluation.evaluate`).
-        stop_at_return: stop training once the mean return reaches it (``None``: never).
-        seed: evaluation ``k`` resets its env with ``seed + 1000 * k``: fresh start states every time.
+        pipeline: the last stage (or the loader from :func:`to_dataloader`).
+        include_replay: ``False`` keeps replay buffers out of checkpoints (for
+            replays too large to copy); after a resume they warm up again.
 
-    Logs ``eval/return_mean`` (progress bar). Afterwards ``history`` holds ``(env_steps, mean_return)``
-    pairs, ``solved_at`` the env steps and ``solved_after_s`` the seconds since training started when
-    ``stop_at_return`` was reached (else ``None``).
+    * Under DDP every rank's pipeline is its own: at save, each rank's state is
+      gathered to rank 0, which writes them all; at load, rank ``r`` takes
+      entry ``r``. A rank with no saved entry (a larger world on resume) starts
+      fresh, with a warning.
+    * ``ModelCheckpoint(save_weights_only=True)`` writes no pipeline state
+      (Lightning skips callbacks' checkpoint hooks for weights-only saves).
+    * Saving does not copy the replay in memory: the saved tensors are views of
+      the buffer's arrays, written straight to the file.
+    * At ``setup`` it gives every stage the Trainer's global rank (see
+      :mod:`ptl_rl.ranks`), before any restore.
+    """
+
+    def __init__(self, pipeline: Any, include_replay: bool = True) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.include_replay = bool(include_replay)
+        _CHECKPOINTED.add(_last_stage(pipeline))
+
+    @property
+    def last_stage(self) -> Any:
+        return _last_stage(self.pipeline)
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        rank, world_size = _world(trainer)
+        if world_size > 1:
+            assign_rank(self.pipeline, rank)
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        per_rank = _gather_to_rank_zero(pipeline_state_dict(self.pipeline, self.include_replay), trainer)
+        if per_rank is not None:
+            checkpoint[CHECKPOINT_KEY] = {"world_size": len(per_rank), "ranks": per_rank}
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get(CHECKPOINT_KEY)
+        if saved is None:
+            warnings.warn(
+                "the checkpoint holds no ptl_rl pipeline state (written without PipelineCheckpoint, or with "
+                "save_weights_only=True): the pipeline starts fresh, with an empty replay",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        rank, world_size = _world(trainer)
+        if rank >= len(saved["ranks"]):
+            warnings.warn(
+                f"the checkpoint holds the pipelines of {len(saved['ranks'])} ranks; rank {rank} of this run "
+                f"(world size {world_size}) has none and starts fresh",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        load_pipeline_state_dict(self.pipeline, saved["ranks"][rank])
+
+
+# ---------------------------------------------------------------------------- DataModule
+class RLDataModule(DataModule):
+    """A DataModule over a pipeline whose state travels in Lightning checkpoints.
+
+    Args:
+        pipeline: the last stage (a :class:`~ptl_rl.sampler.BatchSampler` or a
+            :class:`~ptl_rl.buffers.RolloutBuffer`).
+        steps_per_epoch: batches per Lightning epoch (``None``: one endless
+            epoch, or one epoch per rollout for a RolloutBuffer).
+        include_replay: keep replay buffers in checkpoints (see :class:`PipelineCheckpoint`).
+        eval_env, eval_agent: when given, ``val_dataloader`` and ``test_dataloader``
+            run ``eval_episodes`` greedy episodes per validation (see
+            :func:`~ptl_rl.evaluation.evaluation_dataloader`), so
+            ``val_check_interval``, ``EarlyStopping``/``ModelCheckpoint(monitor=...)``
+            and ``trainer.validate()`` work on the episode return; pair it with
+            :class:`EvaluationMixin` for a ready ``validation_step``.
+        eval_episodes, eval_seed: episodes per evaluation, and their seed.
+        as_tuple: hand batches over as tuples of these fields (see :func:`to_dataloader`).
+
+    At ``setup`` it adds a :class:`PipelineCheckpoint` for its pipeline to the
+    Trainer's callbacks (unless one is there), so the pipeline's state is saved
+    under a fixed key and restored on ``fit(..., ckpt_path=...)`` for epoch- and
+    step-based training alike, and a subclass reads its parent's checkpoints.
     """
 
     def __init__(
         self,
         pipeline: Any,
-        env: Any,
-        make_agent: Callable[[pl.LightningModule], Callable[[Any], Any]],
-        every_env_steps: int,
-        episodes: int = 10,
-        stop_at_return: float | None = None,
-        seed: int | None = None,
+        steps_per_epoch: int | None = 1000,
+        *,
+        include_replay: bool = True,
+        eval_env: Any = None,
+        eval_agent: Any = None,
+        eval_episodes: int = 10,
+        eval_seed: int | None = None,
+        as_tuple: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
-        self.source: ExperienceSource = find_stage(pipeline, ExperienceSource)
-        self.env, self.make_agent = env, make_agent
-        self.every, self.episodes, self.stop_at_return, self.seed = int(every_env_steps), episodes, stop_at_return, seed
-        self.next_eval = self.every
-        self.history: list[tuple[int, float]] = []
-        self.solved_at: int | None = None
-        self.solved_after_s: float | None = None
-        self._start = time.perf_counter()
+        if (eval_env is None) != (eval_agent is None):
+            raise ValueError("pass eval_env and eval_agent together (the agent acts greedily in eval_env)")
+        _check_last_stage(pipeline)
+        self.pipeline = pipeline
+        self.steps_per_epoch = steps_per_epoch
+        self.include_replay = include_replay
+        self.as_tuple = as_tuple
+        self.eval_env, self.eval_agent = eval_env, eval_agent
+        self.eval_episodes, self.eval_seed = int(eval_episodes), eval_seed
+        self._loader: PipelineLoader | None = None
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start = time.perf_counter()
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        steps = self.source.total_steps
-        if self.every <= 0 or steps < self.next_eval:
+    def setup(self, stage: str) -> None:
+        trainer = self.trainer
+        if trainer is None:
             return
-        self.next_eval = steps - steps % self.every + self.every
-        seed = None if self.seed is None else self.seed + 1_000 * len(self.history)
-        mean_return = float(evaluate(self.env, self.make_agent(pl_module), self.episodes, seed=seed).mean())
-        self.history.append((steps, mean_return))
-        pl_module.log("eval/return_mean", mean_return, prog_bar=True, on_step=True, on_epoch=False)
-        if self.stop_at_return is not None and mean_return >= self.stop_at_return:
-            self.solved_at, self.solved_after_s = steps, time.perf_counter() - self._start
-            trainer.should_stop = True
+        if not any(
+            isinstance(c, PipelineCheckpoint) and c.last_stage is _last_stage(self.pipeline) for c in trainer.callbacks
+        ):
+            callback = PipelineCheckpoint(self.pipeline, include_replay=self.include_replay)
+            trainer.callbacks.append(callback)
+            callback.setup(trainer, trainer.lightning_module, stage)
+        loader = self.train_dataloader()
+        loader.dataset.stop_condition_checked = True
+        if loader.dataset.steps_per_epoch is None and trainer.max_steps == -1 and not _has_step_limit(trainer):
+            warnings.warn(
+                "RLDataModule(steps_per_epoch=None) makes one endless epoch and this Trainer has no max_steps and "
+                "no EnvStepLimit callback: training will not stop by itself. Set Trainer(max_steps=...) or "
+                "steps_per_epoch.",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    def train_dataloader(self) -> PipelineLoader:
+        if self._loader is None:
+            self._loader = to_dataloader(self.pipeline, self.steps_per_epoch, as_tuple=self.as_tuple)
+        return self._loader
+
+    def val_dataloader(self) -> Any:
+        return self._evaluation_loader()
+
+    def test_dataloader(self) -> Any:
+        return self._evaluation_loader()
+
+    def _evaluation_loader(self) -> Any:
+        if self.eval_env is None:
+            return []  # no evaluation configured: Lightning runs no validation
+        return evaluation_dataloader(self.eval_env, self.eval_agent, self.eval_episodes, self.eval_seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # the state is saved by PipelineCheckpoint, under a key that does not depend on this class
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "pipeline" in state_dict:  # a checkpoint written before PipelineCheckpoint existed
+            load_pipeline_state_dict(self.pipeline, state_dict["pipeline"])
+
+
+def _has_step_limit(trainer: Any) -> bool:
+    from ptl_rl.callbacks import EnvStepLimit  # noqa: PLC0415 - callbacks import this module
+
+    return any(isinstance(c, EnvStepLimit) for c in trainer.callbacks)
+
+
+# ---------------------------------------------------------------------------- validation
+class EvaluationMixin:
+    """A ready ``validation_step``/``test_step`` for :func:`~ptl_rl.evaluation.evaluation_dataloader` batches.
+
+    Put it before ``LightningModule`` in the bases:
+    ``class MyDQN(ptl_rl.EvaluationMixin, L.LightningModule)``. Each evaluation
+    batch holds ``episode_return`` and ``episode_length`` (float32 [episodes]);
+    the mixin logs their means as ``eval/return_mean`` and ``eval/length_mean``
+    (averaged over ranks under DDP), which ``EarlyStopping(monitor=...)`` and
+    ``ModelCheckpoint(monitor=...)`` can watch.
+    """
+
+    eval_metric_prefix = "eval"
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._log_evaluation(batch)
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._log_evaluation(batch)
+
+    def _log_evaluation(self, batch: dict[str, torch.Tensor]) -> None:
+        size = len(batch["episode_return"])
+        prefix = self.eval_metric_prefix
+        self.log(
+            f"{prefix}/return_mean",
+            batch["episode_return"].float().mean(),
+            batch_size=size,
+            sync_dist=True,
+            prog_bar=True,
+        )  # type: ignore[attr-defined]
+        self.log(f"{prefix}/length_mean", batch["episode_length"].float().mean(), batch_size=size, sync_dist=True)  # type: ignore[attr-defined]

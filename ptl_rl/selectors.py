@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from ptl_rl.ranks import rank_seed
+
 
 class LinearSchedule:
     """``start`` at step 0, moving linearly to ``end`` at ``duration`` steps, then constant.
@@ -52,7 +54,15 @@ class EpsilonGreedySelector:
     def __init__(self, epsilon: float | Schedule = 0.1, seed: int | None = None) -> None:
         self.schedule = epsilon if callable(epsilon) else (lambda _step, eps=float(epsilon): eps)
         self.epsilon = self.schedule(0)
+        self.seed = seed
+        self.rank = 0
         self.rng = np.random.default_rng(seed)
+
+    def set_rank(self, rank: int) -> None:
+        """Re-seed for DDP rank ``rank`` (a no-op when already there, so a restored RNG state is kept)."""
+        if int(rank) != self.rank:
+            self.rank = int(rank)
+            self.rng = np.random.default_rng(rank_seed(self.seed, self.rank))
 
     def on_env_steps(self, total_steps: int) -> None:
         self.epsilon = self.schedule(total_steps)

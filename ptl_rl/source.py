@@ -78,6 +78,17 @@ def _copy_tree(tree: Any) -> Any:
     return tree_map(np.array, tree)
 
 
+def _has_float64(space: Any) -> bool:
+    spaces = getattr(space, "spaces", None)
+    if isinstance(spaces, Mapping):
+        return any(_has_float64(s) for s in spaces.values())
+    return getattr(space, "dtype", None) == np.float64
+
+
+def _float64_as_float32(tree: Any) -> Any:
+    return tree_map(lambda a: a.astype(np.float32) if a.dtype == np.float64 else a, tree)
+
+
 def _set_rows(tree: Any, rows: np.ndarray, values: list[Any]) -> None:
     """``tree[rows] = values`` for a (dict of) array(s); ``values`` holds one unbatched obs per row."""
     if isinstance(tree, Mapping):
@@ -105,7 +116,10 @@ class ExperienceSource:
         seed: sub-env ``i`` is reset with seed ``seed + rank * N + i`` at the
             first step; ``None`` leaves the envs unseeded.
         rank: index of this source among several (DDP rank or remote worker);
-            it offsets both the seeds and ``env_id``.
+            it offsets both the seeds and ``env_id``. ``None`` (default): 0,
+            unless the Lightning adapter assigns the DDP rank before the first
+            step (:meth:`set_rank`); an explicit value is never overridden.
+        cast_float64: store float64 observations as float32 (the default; see below).
         autoreset_mode: ``"NextStep"``, ``"SameStep"`` or ``"Disabled"``;
             read from ``env.metadata["autoreset_mode"]`` when omitted.
         stats_window: how many recent episodes :meth:`episode_stats` averages.
@@ -115,6 +129,12 @@ class ExperienceSource:
     [B, *action_shape]``, ``reward`` float32 [B], ``next_obs``, ``terminated``
     and ``truncated`` bool [B], ``discount`` float32 [B] (= gamma), ``env_id``
     int64 [B], plus the agent's extras.
+
+    Observations keep the observation space's dtype (uint8 pixels stay uint8),
+    with one exception: float64 observations (most classic-control envs outside
+    gymnasium's own) become float32, the dtype networks use, so the agent acts
+    on and the buffer stores what the learner trains on. ``cast_float64=False``
+    keeps float64 end to end.
     """
 
     one_row_per_env = True  # each yielded batch holds at most one transition per sub-env
@@ -126,9 +146,10 @@ class ExperienceSource:
         *,
         gamma: float = 0.99,
         seed: int | None = None,
-        rank: int = 0,
+        rank: int | None = None,
         autoreset_mode: str | None = None,
         stats_window: int = 100,
+        cast_float64: bool = True,
     ) -> None:
         _check_env_api(env)
         if not callable(agent):
@@ -139,22 +160,26 @@ class ExperienceSource:
         self.agent = agent
         self.gamma = float(gamma)
         self.seed = seed
-        self.rank = int(rank)
+        self.rank = int(rank or 0)
+        self._rank_is_explicit = rank is not None
+        self._cast_float64 = bool(cast_float64) and _has_float64(
+            env.single_observation_space if _is_vector_env(env) else env.observation_space
+        )
         self.is_vector = _is_vector_env(env)
         self.num_envs = int(env.num_envs) if self.is_vector else 1
         self.action_space = env.single_action_space if self.is_vector else env.action_space
         self.autoreset_mode = _autoreset_mode_of(env, autoreset_mode) if self.is_vector else DISABLED
-        self._copy_obs = self.is_vector and not getattr(env, "copy", True)
+        # a float64 cast makes a fresh array anyway
+        self._copy_obs = self.is_vector and not getattr(env, "copy", True) and not self._cast_float64
         action_shape = getattr(self.action_space, "shape", None)
         self._action_batch_shape = (self.num_envs, *action_shape) if action_shape is not None else None
         self._agent_reset_state = getattr(agent, "reset_state", None)
         self._agent_on_env_steps = getattr(agent, "on_env_steps", None)
 
         n = self.num_envs
-        # shared by every batch, so read-only: a consumer that writes to one fails loudly
-        self._env_ids = np.arange(n, dtype=np.int64) + self.rank * n
+        self._set_env_ids()
         self._discount = np.full(n, self.gamma, dtype=np.float32)
-        self._env_ids.flags.writeable = self._discount.flags.writeable = False
+        self._discount.flags.writeable = False
         self._no_env = np.zeros(n, dtype=bool)
         self._episode_return = np.zeros(n, dtype=np.float64)
         self._episode_length = np.zeros(n, dtype=np.int64)
@@ -180,7 +205,42 @@ class ExperienceSource:
             if batch is not None:
                 return batch
 
+    # ------------------------------------------------------------------ rank
+    def set_rank(self, rank: int) -> None:
+        """Take the DDP rank (or worker index) ``rank``: it offsets the env seeds and ``env_id``.
+
+        Called by the Lightning adapter before the first step; ignored when the
+        source was built with an explicit ``rank``. The agent gets the rank too
+        (its ``set_rank``, if it has one), for rank-distinct exploration.
+        """
+        if self._rank_is_explicit or int(rank) == self.rank:
+            return
+        if self._obs is not None:
+            raise RuntimeError(
+                f"this ExperienceSource has already stepped as rank {self.rank}; it cannot become rank {rank}. "
+                "Build the pipeline inside each process, or pass rank= explicitly."
+            )
+        self.rank = int(rank)
+        self._set_env_ids()
+        agent_set_rank = getattr(self.agent, "set_rank", None)
+        if callable(agent_set_rank):
+            agent_set_rank(self.rank)
+
+    def _set_env_ids(self) -> None:
+        # shared by every batch, so read-only: a consumer that writes to one fails loudly
+        self._env_ids = np.arange(self.num_envs, dtype=np.int64) + self.rank * self.num_envs
+        self._env_ids.flags.writeable = False
+
+    @property
+    def env_ids(self) -> np.ndarray:
+        """The ``env_id`` of each sub-env (int64 [N], read-only): ``rank * N + i``."""
+        return self._env_ids
+
     # ------------------------------------------------------------------ episodes
+    def recent_episodes(self) -> list[Episode]:
+        """The last ``stats_window`` finished episodes, oldest first (not consumed, unlike :meth:`pop_episodes`)."""
+        return list(self._recent)
+
     def pop_episodes(self) -> list[Episode]:
         """Episodes finished since the last call (each returned once)."""
         episodes, self._pending_episodes = self._pending_episodes, []
@@ -202,12 +262,18 @@ class ExperienceSource:
         progress are not saved: after :meth:`load_state_dict` every sub-env starts a
         new episode.
         """
-        return {
+        state = {
             "total_steps": self.total_steps,
             "episodes_finished": self.episodes_finished,
             "reset_count": self._reset_count,
             "recent": [[e.ret, e.length, e.env_id, e.total_steps] for e in self._recent],
         }
+        agent_state_dict = getattr(self.agent, "state_dict", None)
+        if callable(agent_state_dict) and not hasattr(
+            self.agent, "parameters"
+        ):  # an nn.Module's weights live in the LightningModule
+            state["agent"] = agent_state_dict()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.total_steps = int(state["total_steps"])
@@ -217,6 +283,8 @@ class ExperienceSource:
         self._recent.extend(Episode(float(r), int(n), int(e), int(t)) for r, n, e, t in state["recent"])
         self._pending_episodes = []
         self._obs = None  # forces a fresh reset of every sub-env on the next step
+        if "agent" in state:  # exploration resumes where it was: epsilon, noise scale, RNG states
+            self.agent.load_state_dict(state["agent"])
 
     # ------------------------------------------------------------------ internals
     def _reset_seeds(self) -> list[int] | None:
@@ -238,17 +306,22 @@ class ExperienceSource:
                 "Port it to gymnasium, or wrap it with shimmy's GymV21CompatibilityV0."
             )
         obs = result[0]
-        self._obs = obs if self.is_vector and not self._copy_obs else self._batched(obs)
+        self._obs = self._own_obs(obs)
         self._reset_count += 1
         self._fresh = np.ones(self.num_envs, dtype=bool)
         self._resetting = self._no_env
         self._episode_return[:] = 0.0
         self._episode_length[:] = 0
 
-    def _batched(self, obs: Any) -> Any:
-        if self.is_vector:
-            return _copy_tree(obs)
-        return tree_map(lambda x: np.array(x)[None], obs)
+    def _own_obs(self, obs: Any) -> Any:
+        """An env's observation as the source keeps it: batched, float64 cast, copied if the env reuses its buffer."""
+        if not self.is_vector:
+            obs = tree_map(lambda x: np.array(x)[None], obs)
+        elif self._copy_obs:
+            obs = _copy_tree(obs)
+        if self._cast_float64:
+            obs = _float64_as_float32(obs)
+        return obs
 
     def _act(self) -> tuple[np.ndarray, dict[str, Any]]:
         if self._agent_reset_state is not None and np.count_nonzero(self._fresh):
@@ -292,11 +365,9 @@ class ExperienceSource:
                 "port it to gymnasium, or wrap it with shimmy's GymV21CompatibilityV0."
             )
         obs, reward, terminated, truncated, info = result
+        obs = self._own_obs(obs)
         if not self.is_vector:
-            obs = self._batched(obs)
             reward, terminated, truncated = np.array([reward]), np.array([terminated]), np.array([truncated])
-        elif self._copy_obs:
-            obs = _copy_tree(obs)
         return obs, reward, _bool_array(terminated), _bool_array(truncated), info
 
     def _step(self) -> TransitionBatch | None:
@@ -381,7 +452,7 @@ class ExperienceSource:
     def _reset_finished(self, done: np.ndarray) -> None:
         """Reset the sub-envs that ended (single env, or a vector env in disabled mode)."""
         if not self.is_vector:
-            self._obs = self._batched(self.env.reset()[0])
+            self._obs = self._own_obs(self.env.reset()[0])
         elif self.autoreset_mode == DISABLED:
             obs, _ = self.env.reset(options={"reset_mask": done.copy()})
-            self._obs = _copy_tree(obs) if self._copy_obs else obs
+            self._obs = self._own_obs(obs)

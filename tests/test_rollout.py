@@ -169,12 +169,10 @@ def test_state_dict_roundtrip_restarts_collection():
     source = ptl_rl.ExperienceSource(env, actor_critic(env), seed=0)
     rollout = ptl_rl.RolloutBuffer(source, 8, epochs=2, num_minibatches=2, seed=3)
     next(rollout)
-    module = ptl_rl.RLDataModule(rollout, steps_per_epoch=rollout.batches_per_rollout)
     buf = io.BytesIO()
-    torch.save(module.state_dict(), buf)
+    torch.save(ptl_rl.pipeline_state_dict(rollout), buf)  # what PipelineCheckpoint writes for this rank
     buf.seek(0)
-    state = torch.load(buf, weights_only=True)
-    module.load_state_dict(state)
+    ptl_rl.load_pipeline_state_dict(rollout, torch.load(buf, weights_only=True))
     assert rollout.rollouts_collected == 1
     next(rollout)  # the half-served rollout was dropped with the source's episodes: collect afresh
     assert rollout.rollouts_collected == 2

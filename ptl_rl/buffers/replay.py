@@ -10,6 +10,7 @@ import numpy as np
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.shuffle import ShuffledPasses
 from ptl_rl.buffers.storage import ArrayStorage
+from ptl_rl.ranks import rank_seed
 
 
 class ReplayBuffer:
@@ -64,6 +65,8 @@ class ReplayBuffer:
         self.capacity = self.storage.capacity
         self.warmup = int(warmup)
         self.transitions_per_yield = int(transitions_per_yield)
+        self.seed = seed
+        self.rank = 0
         self.rng = np.random.default_rng(seed)
         self.replacement = bool(replacement)
         self.passes = ShuffledPasses()  # the order of sampling without replacement
@@ -71,6 +74,12 @@ class ReplayBuffer:
 
     def __len__(self) -> int:
         return len(self.storage)
+
+    def set_rank(self, rank: int) -> None:
+        """Re-seed sampling for DDP rank ``rank`` (a no-op when already there, so a restored RNG state is kept)."""
+        if int(rank) != self.rank:
+            self.rank = int(rank)
+            self.rng = np.random.default_rng(rank_seed(self.seed, self.rank))
 
     # ------------------------------------------------------------------ stage
     def __iter__(self) -> ReplayBuffer:

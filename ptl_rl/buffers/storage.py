@@ -9,13 +9,27 @@ import torch
 
 from ptl_rl.batch import TransitionBatch, tree_leaves, tree_map
 
+# The field contract's dtypes (DESIGN.md). A buffer stores these fields in these dtypes whatever the first batch
+# brought (SyncVectorEnv's float64 rewards, a recorded dataset's int terminals), and casts later batches to them.
+CONTRACT_DTYPES = {
+    "reward": np.dtype(np.float32),
+    "discount": np.dtype(np.float32),
+    "terminated": np.dtype(np.bool_),
+    "truncated": np.dtype(np.bool_),
+    "env_id": np.dtype(np.int64),
+}
+
 
 class ArrayStorage:
     """A ring of ``capacity`` transitions, one preallocated array ``[capacity, *shape]`` per field.
 
     The arrays are allocated from the first batch added (its fields, trailing
-    shapes and dtypes); every later batch must match them exactly, otherwise
-    :meth:`add` raises before writing anything, so no stored data is lost.
+    shapes and dtypes), except that ``reward``/``discount`` are float32,
+    ``terminated``/``truncated`` bool and ``env_id`` int64 (the field
+    contract), whatever the first batch held; later batches may hold those
+    fields in any dtype that casts to them safely (float64 rewards, int flags).
+    Every other field must match exactly, otherwise :meth:`add` raises before
+    writing anything, so no stored data is lost.
     Slots are written in order and the oldest are overwritten when full.
     """
 
@@ -65,10 +79,10 @@ class ArrayStorage:
         return slots
 
     def _allocate(self, batch: TransitionBatch) -> None:
-        self.fields = {
-            name: tree_map(lambda a: np.zeros((self.capacity, *a.shape[1:]), dtype=a.dtype), value)
-            for name, value in batch.items()
-        }
+        def ring(name: str, leaf: np.ndarray) -> np.ndarray:
+            return np.zeros((self.capacity, *leaf.shape[1:]), dtype=CONTRACT_DTYPES.get(name, leaf.dtype))
+
+        self.fields = {name: tree_map(lambda a, name=name: ring(name, a), value) for name, value in batch.items()}
         # (field, keys into a dict field, dtype, trailing shape) per stored array
         self._spec = [
             (name, tuple(path.split("."))[1:] if path != name else (), leaf.dtype, leaf.shape[1:])
@@ -90,7 +104,11 @@ class ArrayStorage:
             try:
                 for key in keys:
                     leaf = leaf[key]
-                if leaf.dtype == dtype and leaf.shape[1:] == shape and leaf.shape[0] == size:
+                if (
+                    leaf.shape[1:] == shape
+                    and leaf.shape[0] == size
+                    and (leaf.dtype == dtype or (name in CONTRACT_DTYPES and _casts_to_contract(leaf.dtype, dtype)))
+                ):
                     continue
             except (KeyError, IndexError, TypeError, AttributeError):
                 leaf = np.asarray(leaf, dtype=object)
@@ -109,13 +127,18 @@ class ArrayStorage:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """Stored rows as tensors in slot order, plus the cursor (``weights_only``-safe)."""
+        """Stored rows as tensors in slot order, plus the cursor (``weights_only``-safe).
+
+        The tensors are views of the ring's arrays, not copies: saving a large
+        replay does not double its memory. Write the state out (``torch.save``)
+        before the buffer changes again.
+        """
         if self.fields is None:
             return {"capacity": self.capacity, "fields": None}
         return {
             "capacity": self.capacity,
             "fields": {
-                name: tree_map(lambda a: torch.from_numpy(a[: self.size].copy()), v) for name, v in self.fields.items()
+                name: tree_map(lambda a: torch.from_numpy(a[: self.size]), v) for name, v in self.fields.items()
             },
             "cursor": self.cursor,
             "size": self.size,
@@ -139,6 +162,13 @@ class ArrayStorage:
             _write(self.fields[name], value, 0, self.size, 0, self.size)
         self.cursor = int(state["cursor"])
         self.total_added = int(state["total_added"])
+
+
+def _casts_to_contract(given: np.dtype, stored: np.dtype) -> bool:
+    """Whether a contract field's values in ``given`` dtype may be stored as ``stored`` (float64 -> float32, ...)."""
+    if stored == np.bool_:
+        return given.kind in "biu"  # 0/1 flags from recorded data
+    return np.can_cast(given, stored, casting="same_kind")
 
 
 def _take(store: Any, indices: np.ndarray) -> Any:

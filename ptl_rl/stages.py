@@ -1,0 +1,77 @@
+"""Walking a pipeline: its stages in order, one stage by type, and the state of them all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+PIPELINE_STATE_VERSION = 1
+
+
+def pipeline_stages(last: Any) -> list[Any]:
+    """The stages of a pipeline, source first, found by following ``.upstream`` from ``last``.
+
+    ``last`` may also be a DataLoader made by :func:`~ptl_rl.lightning.to_dataloader`.
+    """
+    last = getattr(getattr(last, "dataset", None), "pipeline", last)
+    stages = []
+    stage = last
+    while stage is not None:
+        stages.append(stage)
+        stage = getattr(stage, "upstream", None)
+    return stages[::-1]
+
+
+def find_stage(last: Any, kind: type) -> Any:
+    """The first stage of type ``kind`` in the pipeline ending at ``last``."""
+    for stage in pipeline_stages(last):
+        if isinstance(stage, kind):
+            return stage
+    raise ValueError(f"the pipeline {[type(s).__name__ for s in pipeline_stages(last)]} has no {kind.__name__}")
+
+
+def holds_replay(stage: Any) -> bool:
+    """Whether ``stage`` stores replay contents (a replay buffer's ``storage``)."""
+    return hasattr(stage, "storage")
+
+
+def _stateful_stages(last: Any, include_replay: bool) -> dict[str, Any]:
+    return {
+        f"{i}:{type(stage).__name__}": stage
+        for i, stage in enumerate(pipeline_stages(last))
+        if hasattr(stage, "state_dict") and (include_replay or not holds_replay(stage))
+    }
+
+
+def pipeline_state_dict(last: Any, include_replay: bool = True) -> dict[str, Any]:
+    """State of every stage that has ``state_dict``, keyed ``"<position>:<class name>"``.
+
+    With ``include_replay=False`` replay buffers are left out: after a restore
+    they start empty and warm up again, while the source's counters, the
+    agent's exploration state and the n-step windows still resume.
+    """
+    stages = _stateful_stages(last, include_replay)
+    return {
+        "version": PIPELINE_STATE_VERSION,
+        "include_replay": include_replay,
+        "stages": {key: stage.state_dict() for key, stage in stages.items()},
+    }
+
+
+def load_pipeline_state_dict(last: Any, state: dict[str, Any]) -> None:
+    """Restore what :func:`pipeline_state_dict` saved into a pipeline of the same shape."""
+    if "version" not in state:  # written before the state had a version: the stages' states at top level
+        state = {"version": 0, "include_replay": True, "stages": state}
+    if int(state["version"]) > PIPELINE_STATE_VERSION:
+        raise ValueError(
+            f"the pipeline state has version {state['version']}, newer than this ptl_rl understands "
+            f"({PIPELINE_STATE_VERSION}); upgrade ptl_rl to load it"
+        )
+    stages = _stateful_stages(last, bool(state["include_replay"]))
+    saved = state["stages"]
+    if set(stages) != set(saved):
+        raise ValueError(
+            f"checkpointed pipeline has stages {sorted(saved)}, this one has {sorted(stages)}; "
+            "build the same pipeline before restoring"
+        )
+    for key, stage in stages.items():
+        stage.load_state_dict(saved[key])

@@ -1,0 +1,62 @@
+"""Two DDP processes on the CPU (gloo): different data per rank, per-rank checkpoint state, a shared stop.
+
+The run is a script (tests/ddp_run.py) started in its own process group with
+a timeout, so a hang fails this test instead of stalling CI.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).with_name("ddp_run.py")
+TIMEOUT_S = 240
+
+
+def run_phase(phase: str, out: Path, package: str) -> None:
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), phase, str(out), package],
+        start_new_session=True,  # rank 1 is a child of rank 0: kill the whole group on a hang
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"the DDP {phase} run hung for {TIMEOUT_S} s:\n{output[-4000:]}")
+    assert process.returncode == 0, f"the DDP {phase} run failed:\n{output[-4000:]}"
+
+
+@pytest.mark.parametrize("package", ["pytorch_lightning", "lightning.pytorch"])
+def test_two_ranks_collect_different_data_stop_together_and_resume_their_own_state(tmp_path, package) -> None:
+    run_phase("train", tmp_path, package)
+    ranks = [torch.load(tmp_path / f"train_rank{r}.pt", weights_only=True) for r in range(2)]
+
+    # different data: distinct env ids and seeds, so different observations in every batch
+    assert set(ranks[0]["at_end"]["env_ids"].tolist()) == {0, 1}
+    assert set(ranks[1]["at_end"]["env_ids"].tolist()) == {2, 3}
+    assert not any(torch.equal(a, b) for a, b in zip(ranks[0]["batches"], ranks[1]["batches"], strict=False))
+    # the env-step budget (400 over both ranks) stopped both ranks at the same step
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] == len(ranks[0]["batches"]) == len(ranks[1]["batches"])
+    assert 400 <= ranks[0]["at_end"]["total_steps"] + ranks[1]["at_end"]["total_steps"] <= 400 + 2 * 8
+
+    run_phase("resume", tmp_path, package)
+    resumed = [torch.load(tmp_path / f"resume_rank{r}.pt", weights_only=True) for r in range(2)]
+    for rank in range(2):
+        before, after = ranks[rank]["at_end"], resumed[rank]["at_start"]
+        assert after["total_steps"] == before["total_steps"] and after["epsilon"] == before["epsilon"]
+        assert after["size"] == before["size"] and torch.equal(after["obs"], before["obs"])  # its own replay
+        assert after["buffer_rng"] == before["buffer_rng"]
+        assert after["env_ids"].tolist() == before["env_ids"].tolist()
+    assert not torch.equal(resumed[0]["at_start"]["obs"], resumed[1]["at_start"]["obs"])
+    # the budget is already spent: both ranks stop after their first batch, together
+    assert resumed[0]["global_step"] == resumed[1]["global_step"] == ranks[0]["global_step"] + 1
