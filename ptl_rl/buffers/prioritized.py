@@ -123,7 +123,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         beta_clock: str = "learner",
         eps: float = 1e-6,
         stratified: bool = True,
-        warmup: int = 1_000,
+        warmup: int | None = None,
         transitions_per_yield: int = 1,
         seed: int | None = None,
     ) -> None:

@@ -57,7 +57,10 @@ class ReplayBuffer:
         if warmup is None:
             warmup = min(1_000, self.storage.capacity)
         if not 0 <= warmup <= capacity:
-            raise ValueError(f"warmup must be in [0, capacity={capacity}], got {warmup}")
+            raise ValueError(
+                f"warmup must be in [0, capacity={capacity}], got {warmup}: the buffer cannot hold more than "
+                "capacity transitions; lower warmup or raise capacity"
+            )
         if transitions_per_yield < 1:
             raise ValueError(f"transitions_per_yield must be >= 1, got {transitions_per_yield}")
         self.upstream = upstream
