@@ -158,6 +158,13 @@ class RolloutBuffer:
         self.normalize_advantage = normalize_advantage
         self.value_fn = value_fn
         self.value_key = value_key
+        if upstream is not None and value_fn is None and _find_value_fn(upstream) is None:
+            # every rollout bootstraps each env's last row from V(next_obs): without a critic the first one fails
+            raise ValueError(
+                "a RolloutBuffer needs a critic for the bootstrap values V(next_obs) (each env's last row and "
+                f"truncations), and neither value_fn nor the agent of {type(upstream).__name__} has value(obs). Act "
+                "with ptl_rl.ActorCriticAgent(actor, critic, action_space), or pass value_fn=... (obs -> float [B])"
+            )
         self.device = torch.device(device) if device is not None else None
         self.rng = np.random.default_rng(seed)
 
