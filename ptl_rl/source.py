@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ptl_rl.batch import CORE_FIELDS, TransitionBatch, tree_leaves, tree_map
+from ptl_rl.checks import check_agent
 
 NEXT_STEP, SAME_STEP, DISABLED = "NextStep", "SameStep", "Disabled"
 _AUTORESET_MODES = (NEXT_STEP, SAME_STEP, DISABLED)
@@ -143,6 +144,7 @@ class ExperienceSource:
         self.is_vector = _is_vector_env(env)
         self.num_envs = int(env.num_envs) if self.is_vector else 1
         self.action_space = env.single_action_space if self.is_vector else env.action_space
+        check_agent(agent, self.action_space)  # a bare network, or an agent for another kind of action space
         self.autoreset_mode = _autoreset_mode_of(env, autoreset_mode) if self.is_vector else DISABLED
         self._copy_obs = self.is_vector and not getattr(env, "copy", True)
         action_shape = getattr(self.action_space, "shape", None)
