@@ -199,3 +199,66 @@ def test_agents_that_fit_the_env_and_plain_callables_pass():
     ExperienceSource(cartpole(), lambda obs: np.zeros(len(obs), dtype=np.int64))
     box = pendulum().single_action_space
     ExperienceSource(pendulum(), ptl_rl.DeterministicActorAgent(nn.Linear(3, 1), box))
+
+
+# ---------------------------------------------------------------------- example command lines
+def cli_error(module, argv: list[str], capsys) -> str:
+    """The message of the ``parser.error`` that ``module.parse_args(argv)`` ends with (exit status 2)."""
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["dqn", "ppo", "a2c", "sac"])
+def test_examples_reject_an_unknown_env_id_with_a_suggestion(name, capsys):
+    module = __import__(f"ptl_rl.examples.{name}", fromlist=["parse_args"])
+    err = cli_error(module, ["--env-id", "CartPol-v1"], capsys)
+    assert "usage:" in err and "no such gymnasium env; did you mean CartPole-v1" in err
+
+
+def test_dqn_example_rejects_a_box_action_space_naming_discrete(capsys):
+    from ptl_rl.examples import dqn
+
+    err = cli_error(dqn, ["--env-id", "Pendulum-v1"], capsys)
+    assert "DQN needs Discrete actions, but Pendulum-v1 has Box" in err
+
+
+def test_sac_example_rejects_a_discrete_action_space_naming_box(capsys):
+    from ptl_rl.examples import sac
+
+    assert "SAC needs Box actions, but CartPole-v1 has Discrete(2)" in cli_error(
+        sac, ["--env-id", "CartPole-v1"], capsys
+    )
+
+
+@pytest.mark.parametrize("name", ["ppo", "a2c"])
+def test_on_policy_examples_reject_non_array_observations(name, capsys):
+    module = __import__(f"ptl_rl.examples.{name}", fromlist=["parse_args"])
+    err = cli_error(module, ["--env-id", "FrozenLake-v1"], capsys)
+    assert "needs Box (array) observations" in err and "Discrete(16)" in err
+
+
+def test_ppo_squashed_flag_needs_a_box_action_space(capsys):
+    from ptl_rl.examples import ppo
+
+    assert "--squashed applies to Box action spaces" in cli_error(ppo, ["--squashed"], capsys)
+    assert ppo.parse_args(["--env-id", "Pendulum-v1", "--squashed"]).squashed
+
+
+@pytest.mark.parametrize(("name", "env_id"), [("dqn", "CartPole-v1"), ("ppo", "Pendulum-v1"), ("a2c", "CartPole-v1"),
+                                              ("sac", "MountainCarContinuous-v0")])  # fmt: skip
+def test_examples_accept_envs_they_can_run(name, env_id):
+    module = __import__(f"ptl_rl.examples.{name}", fromlist=["parse_args"])
+    assert module.parse_args(["--env-id", env_id]).env_id == env_id
+
+
+def test_dqn_command_line_on_pendulum_ends_with_a_usage_error_not_a_traceback():
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-m", "ptl_rl.examples.dqn", "--env-id", "Pendulum-v1"], capture_output=True, text=True
+    )
+    assert run.returncode == 2
+    assert "Traceback" not in run.stderr and "DQN needs Discrete actions" in run.stderr

@@ -39,6 +39,7 @@ from pytorch_lightning.loggers import CSVLogger
 from torch import nn
 
 import ptl_rl
+from ptl_rl.examples.cli import check_env
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -80,7 +81,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-episodes", type=int, default=20)
     p.add_argument("--solved-return", type=float, default=475.0, help="stop once the greedy mean return reaches it")
     p.add_argument("--final-eval-episodes", type=int, default=100)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # fail here, with the usage line, rather than with a traceback after the setup
+    env = check_env(p, args.env_id, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box), "PPO")
+    if args.squashed and not isinstance(env.action_space, gym.spaces.Box):
+        p.error(f"--squashed applies to Box action spaces; {args.env_id} has {env.action_space}")
+    return args
 
 
 # ---------------------------------------------------------------------------- networks
