@@ -10,6 +10,7 @@ import torch
 from ptl_rl.batch import TorchBatch, TransitionBatch
 from ptl_rl.buffers import ReplayBuffer, RolloutBuffer, SequenceReplayBuffer
 from ptl_rl.nstep import NStepTransform
+from ptl_rl.reprs import stage_repr
 from ptl_rl.source import ExperienceSource
 
 
@@ -76,6 +77,13 @@ class BatchSampler:
         if sample is None:  # a plain iterator whose items are not buffers (checked here, it is only known now)
             raise TypeError(_nothing_to_sample(f"its upstream yielded a {type(source).__name__}", self.batch_size))
         return sample(self.batch_size).to_torch(self.device, pin_memory=self.pin_memory)
+
+    def __repr__(self) -> str:
+        """``BatchSampler(batch_size=..., [device=...])`` and the chain upstream."""
+        placement = {"device": self.device} if self.device is not None else {}
+        if self.pin_memory:
+            placement["pin_memory"] = True
+        return stage_repr(self, batch_size=self.batch_size, **placement)
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -26,6 +26,7 @@ import torch
 
 from ptl_rl.batch import CORE_FIELDS, TransitionBatch, tree_leaves, tree_map
 from ptl_rl.checks import check_agent
+from ptl_rl.reprs import env_name, stage_repr
 
 NEXT_STEP, SAME_STEP, DISABLED = "NextStep", "SameStep", "Disabled"
 _AUTORESET_MODES = (NEXT_STEP, SAME_STEP, DISABLED)
@@ -387,3 +388,10 @@ class ExperienceSource:
         elif self.autoreset_mode == DISABLED:
             obs, _ = self.env.reset(options={"reset_mask": done.copy()})
             self._obs = _copy_tree(obs) if self._copy_obs else obs
+
+    # ------------------------------------------------------------------ repr
+    def __repr__(self) -> str:
+        """``ExperienceSource(CartPole-v1 x8, env_steps=..., episodes=...)``: the env, its sub-envs, the counters."""
+        return stage_repr(
+            self, f"{env_name(self.env)} x{self.num_envs}", env_steps=self.total_steps, episodes=self.episodes_finished
+        )

@@ -10,6 +10,7 @@ import numpy as np
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.shuffle import ShuffledPasses
 from ptl_rl.buffers.storage import ArrayStorage
+from ptl_rl.reprs import stage_repr
 
 
 class ReplayBuffer:
@@ -138,3 +139,12 @@ class ReplayBuffer:
         self._credit = int(state["credit"])
         if "passes" in state:
             self.passes.load_state_dict(state["passes"])
+
+    # ------------------------------------------------------------------ repr
+    def __repr__(self) -> str:
+        """``ReplayBuffer(size=stored/capacity, warmup=..., transitions_per_yield=...)`` and the chain upstream."""
+        extra = {} if self.replacement else {"replacement": False}
+        return stage_repr(self, **self._size_counters(), transitions_per_yield=self.transitions_per_yield, **extra)
+
+    def _size_counters(self) -> dict[str, Any]:
+        return {"size": f"{len(self)}/{self.capacity}", "warmup": self.warmup}

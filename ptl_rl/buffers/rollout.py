@@ -53,6 +53,7 @@ import torch
 
 from ptl_rl.batch import TorchBatch, TransitionBatch, tree_map
 from ptl_rl.gae import compute_gae
+from ptl_rl.reprs import stage_repr
 
 ValueFn = Callable[[Any], np.ndarray]
 _NORMALIZE = ("minibatch", "rollout", None)
@@ -355,3 +356,15 @@ class RolloutBuffer:
         self.rollouts_collected = int(state["rollouts_collected"])
         self.clear()
         self.rollout, self._schedule, self._served = None, [], 0
+
+    # ------------------------------------------------------------------ repr
+    def __repr__(self) -> str:
+        """Rollout shape, rows held, rollouts collected, the minibatch being served, and the chain upstream."""
+        return stage_repr(
+            self,
+            envs=self.num_envs,
+            steps_per_env=self.steps_per_env,
+            held=len(self),
+            rollouts=self.rollouts_collected,
+            served=f"{self._served}/{len(self._schedule)}",
+        )
