@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import numbers
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ from torch import nn
 
 from ptl_rl.distributions import ActionDistribution, ActionRescaler, Categorical, MultiCategorical, uniform_log_prob
 from ptl_rl.ranks import rank_seed
-from ptl_rl.selectors import EpsilonGreedySelector
+from ptl_rl.selectors import EpsilonGreedySelector, LinearSchedule
 
 
 class _DeviceOf:
@@ -63,11 +64,28 @@ class DQNAgent:
     epsilon-greedy selector; its epsilon schedule follows the env-step count
     that :class:`~ptl_rl.source.ExperienceSource` reports through
     :meth:`on_env_steps`.
+
+    Q-values need a ``Discrete`` action space: the source checks that when it
+    is built (:attr:`action_spaces`), and so does the constructor when given
+    the optional ``action_space``.
     """
 
-    def __init__(self, net: nn.Module, selector: Any | None = None) -> None:
+    action_spaces = (spaces.Discrete,)
+
+    def __init__(
+        self, net: nn.Module, selector: Any | None = None, *, action_space: spaces.Space | None = None
+    ) -> None:
+        _check_network(net, "DQNAgent")
+        _check_selector(selector)
+        if action_space is not None and not isinstance(action_space, spaces.Discrete):
+            raise TypeError(
+                f"DQNAgent picks one of n discrete actions from Q-values, but the action space is {action_space}; "
+                "use a Discrete env, or for Box actions StochasticPolicyAgent/ActorCriticAgent or "
+                "DeterministicActorAgent"
+            )
         self.net = net
         self.selector = selector if selector is not None else EpsilonGreedySelector()
+        self.action_space = action_space
         self._device = _DeviceOf(net)
 
     @torch.no_grad()
@@ -103,7 +121,10 @@ class PolicyAgent:
     ``greedy=True`` the most likely action instead of a sample.
     """
 
+    action_spaces = (spaces.Discrete,)
+
     def __init__(self, net: nn.Module, greedy: bool = False, seed: int | None = None) -> None:
+        _check_network(net, "PolicyAgent")
         self.net = net
         self._device = _DeviceOf(net)
         self.greedy = greedy
@@ -387,6 +408,8 @@ class DeterministicActorAgent(_SeededAgentState):
         seed: seeds the noise generator.
     """
 
+    action_spaces = (spaces.Box,)
+
     def __init__(
         self,
         actor: nn.Module,
@@ -423,6 +446,28 @@ class DeterministicActorAgent(_SeededAgentState):
             action = mean.clamp(-1.0, 1.0)
         policy_action = action.float().cpu().numpy()
         return self.rescaler.to_env(policy_action), {"policy_action": policy_action}
+
+
+def _check_network(net: Any, agent: str) -> None:
+    if not isinstance(net, nn.Module):
+        raise TypeError(f"{agent} needs a torch network (nn.Module) as its first argument, got {type(net).__name__}")
+
+
+def _check_selector(selector: Any) -> None:
+    """A selector maps Q-values to actions; catch an epsilon value or schedule passed in its place."""
+    if selector is None:
+        return
+    if isinstance(selector, (LinearSchedule, numbers.Real)):
+        raise TypeError(
+            f"DQNAgent's second argument is the action selector (Q-values -> actions), got {selector!r}, which is "
+            "an epsilon value or schedule. Wrap it: DQNAgent(net, EpsilonGreedySelector(epsilon)), e.g. "
+            "EpsilonGreedySelector(LinearSchedule(1.0, 0.05, 10_000))"
+        )
+    if not callable(selector):
+        raise TypeError(
+            f"DQNAgent's selector must be callable as selector(q_values) -> actions, got {type(selector).__name__}; "
+            "use EpsilonGreedySelector(...) or ArgmaxSelector()"
+        )
 
 
 def _is_tensor_tree(obs: dict) -> bool:

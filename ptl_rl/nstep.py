@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ptl_rl.batch import TransitionBatch, tree_map
+from ptl_rl.reprs import stage_repr
 
 # Fields that describe the end of a step rather than its start: they are not kept in the window.
 _STEP_END_FIELDS = ("next_obs", "terminated", "truncated", "discount", "env_id")
@@ -291,6 +292,12 @@ class NStepTransform:
         self._scratch = np.zeros(len(self._length), dtype=np.int64)
         self._allocate_constants(len(self._length))
         self._flush_on_next = True
+
+    # ------------------------------------------------------------------ repr
+    def __repr__(self) -> str:
+        """``NStepTransform(n=3, gamma=0.99, windows_in_flight=5)``: envs whose window holds steps not yet emitted."""
+        in_flight = int(np.count_nonzero(self._length))
+        return stage_repr(self, n=self.n, gamma=self.gamma, windows_in_flight=in_flight)
 
 
 def _take(tree: Any, rows: np.ndarray) -> Any:

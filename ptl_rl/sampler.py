@@ -8,6 +8,10 @@ from typing import Any, Protocol
 import torch
 
 from ptl_rl.batch import TorchBatch, TransitionBatch
+from ptl_rl.buffers import ReplayBuffer, RolloutBuffer, SequenceReplayBuffer
+from ptl_rl.nstep import NStepTransform
+from ptl_rl.reprs import stage_repr
+from ptl_rl.source import ExperienceSource
 
 
 class Sampleable(Protocol):
@@ -20,8 +24,11 @@ class BatchSampler:
     """Yields one :class:`TorchBatch` of ``batch_size`` transitions per upstream yield.
 
     Args:
-        upstream: iterator yielding something to sample from (a
-            :class:`~ptl_rl.buffers.ReplayBuffer` stage yields itself).
+        upstream: a replay buffer stage (a :class:`~ptl_rl.buffers.ReplayBuffer`
+            stage yields itself once per ``transitions_per_yield`` collected
+            transitions), any iterator yielding something with
+            ``sample(batch_size)``, or a standalone buffer (``upstream=None``,
+            filled with ``add()``), which is sampled as it is on every ``next()``.
         batch_size: rows per batch; every tensor has leading dimension ``batch_size``.
         device: move the tensors there (default: stay on the CPU and let
             Lightning move the batch to the module's device).
@@ -33,6 +40,12 @@ class BatchSampler:
     shapes and dtypes are those of the buffer: ``obs`` [B, *obs_shape],
     ``action`` [B, *action_shape], ``reward``/``discount`` float32 [B],
     ``terminated``/``truncated`` bool [B], ``env_id`` int64 [B], extras.
+
+    Wiring mistakes are reported here rather than at the first ``next()``: a
+    stage that yields transition batches (a source, an n-step stage) instead
+    of a buffer, a :class:`~ptl_rl.buffers.RolloutBuffer` (which batches by
+    itself), and a ``batch_size`` larger than the buffer's ``warmup`` (the
+    first sample would fail only after the whole warm-up).
     """
 
     def __init__(
@@ -47,7 +60,10 @@ class BatchSampler:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if pin_memory and not torch.cuda.is_available():
             raise ValueError("pin_memory=True needs a CUDA device, and torch sees none; drop pin_memory")
+        _check_upstream(upstream, int(batch_size))
         self.upstream = upstream
+        # a buffer without an upstream is filled with add(): sample it as it is instead of pulling from it
+        self._standalone = isinstance(upstream, ReplayBuffer) and upstream.upstream is None
         self.batch_size = int(batch_size)
         self.device = torch.device(device) if device is not None else None
         self.pin_memory = bool(pin_memory)
@@ -56,11 +72,67 @@ class BatchSampler:
         return self
 
     def __next__(self) -> TorchBatch:
-        source = next(self.upstream)
-        return source.sample(self.batch_size).to_torch(self.device, pin_memory=self.pin_memory)
+        source = self.upstream if self._standalone else next(self.upstream)
+        sample = getattr(source, "sample", None)
+        if sample is None:  # a plain iterator whose items are not buffers (checked here, it is only known now)
+            raise TypeError(_nothing_to_sample(f"its upstream yielded a {type(source).__name__}", self.batch_size))
+        return sample(self.batch_size).to_torch(self.device, pin_memory=self.pin_memory)
+
+    def __repr__(self) -> str:
+        """``BatchSampler(batch_size=..., [device=...])`` and the chain upstream."""
+        placement = {"device": self.device} if self.device is not None else {}
+        if self.pin_memory:
+            placement["pin_memory"] = True
+        return stage_repr(self, batch_size=self.batch_size, **placement)
 
     def state_dict(self) -> dict[str, Any]:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+
+def _check_upstream(upstream: Any, batch_size: int) -> None:
+    """Raise, naming the fix, for an upstream that cannot feed a sampler (see the class docstring)."""
+    if upstream is None:
+        raise TypeError(
+            "BatchSampler needs a buffer to draw from, got None; pass a ReplayBuffer (a pipeline stage, or a "
+            "standalone buffer filled with add())"
+        )
+    if isinstance(upstream, RolloutBuffer):
+        raise TypeError(
+            "a RolloutBuffer yields its own minibatches (TorchBatch); do not wrap it in a BatchSampler. Pass it "
+            "to to_dataloader(rollout, steps_per_epoch=rollout.batches_per_rollout)"
+        )
+    if isinstance(upstream, (ExperienceSource, NStepTransform)):
+        raise TypeError(
+            _nothing_to_sample(f"its upstream {type(upstream).__name__} yields transition batches", batch_size)
+        )
+    if isinstance(upstream, ReplayBuffer) and not isinstance(upstream, SequenceReplayBuffer):
+        _check_fits(upstream, batch_size)
+
+
+def _check_fits(buffer: ReplayBuffer, batch_size: int) -> None:
+    """A batch needs ``batch_size`` stored transitions: the warm-up must store that many before the first yield.
+
+    (A :class:`~ptl_rl.buffers.SequenceReplayBuffer` draws windows with replacement and has no such bound.)
+    """
+    name = type(buffer).__name__
+    if batch_size > buffer.capacity:
+        raise ValueError(
+            f"batch_size={batch_size} exceeds the {name}'s capacity={buffer.capacity}; lower batch_size or raise "
+            "capacity"
+        )
+    if buffer.upstream is not None and batch_size > buffer.warmup:
+        raise ValueError(
+            f"batch_size={batch_size} exceeds the {name}'s warmup={buffer.warmup}: the first batch would fail "
+            f"right after the warm-up. Create the buffer with warmup >= {batch_size} (e.g. "
+            f"{name}(upstream, capacity, warmup={batch_size})), or lower batch_size"
+        )
+
+
+def _nothing_to_sample(problem: str, batch_size: int) -> str:
+    return (
+        f"BatchSampler draws batches from a replay buffer, but {problem}, which have no sample(). Put a buffer "
+        f"in between: BatchSampler(ReplayBuffer(upstream, capacity=100_000), batch_size={batch_size})"
+    )

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 
 from ptl_rl.batch import CORE_FIELDS, TransitionBatch, tree_leaves, tree_map
+from ptl_rl.checks import check_agent
+from ptl_rl.reprs import env_name, stage_repr
 
 NEXT_STEP, SAME_STEP, DISABLED = "NextStep", "SameStep", "Disabled"
 _AUTORESET_MODES = (NEXT_STEP, SAME_STEP, DISABLED)
@@ -168,6 +170,7 @@ class ExperienceSource:
         self.is_vector = _is_vector_env(env)
         self.num_envs = int(env.num_envs) if self.is_vector else 1
         self.action_space = env.single_action_space if self.is_vector else env.action_space
+        check_agent(agent, self.action_space)  # a bare network, or an agent for another kind of action space
         self.autoreset_mode = _autoreset_mode_of(env, autoreset_mode) if self.is_vector else DISABLED
         # a float64 cast makes a fresh array anyway
         self._copy_obs = self.is_vector and not getattr(env, "copy", True) and not self._cast_float64
@@ -456,3 +459,10 @@ class ExperienceSource:
         elif self.autoreset_mode == DISABLED:
             obs, _ = self.env.reset(options={"reset_mask": done.copy()})
             self._obs = self._own_obs(obs)
+
+    # ------------------------------------------------------------------ repr
+    def __repr__(self) -> str:
+        """``ExperienceSource(CartPole-v1 x8, env_steps=..., episodes=...)``: the env, its sub-envs, the counters."""
+        return stage_repr(
+            self, f"{env_name(self.env)} x{self.num_envs}", env_steps=self.total_steps, episodes=self.episodes_finished
+        )

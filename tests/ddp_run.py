@@ -64,7 +64,9 @@ def main(phase: str, out: Path, package: str) -> None:
             self.batches.append(batch.obs.detach().clone())
             q = self.net(batch.obs).gather(1, batch.action[:, None]).squeeze(1)
             with torch.no_grad():
-                target = batch.reward + batch.discount * (~batch.terminated).float() * self.net(batch.next_obs).max(1).values
+                target = (
+                    batch.reward + batch.discount * (~batch.terminated).float() * self.net(batch.next_obs).max(1).values
+                )
             loss = F.smooth_l1_loss(q, target)
             self.log("loss", loss, on_epoch=True, sync_dist=True)
             return loss

@@ -120,9 +120,7 @@ def test_the_batch_is_a_collection_lightning_knows() -> None:
     assert extract_batch_size(batch) == 16
     assert list(batch) == list(batch.keys()) and dict(batch)["obs"] is batch.obs
     # what precision="bf16-true" does to a batch: float tensors converted, the mapping rebuilt
-    converted = apply_to_collection(
-        batch, torch.Tensor, lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t
-    )
+    converted = apply_to_collection(batch, torch.Tensor, lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t)
     assert isinstance(converted, ptl_rl.TorchBatch)
     assert converted.obs.dtype == torch.bfloat16 and converted.action.dtype == torch.int64
     buffer = ptl_rl.find_stage(sampler, ptl_rl.PrioritizedReplayBuffer)
@@ -263,7 +261,9 @@ def test_weights_only_checkpoints_hold_no_replay(L, tmp_path) -> None:
     net, sampler = build_pipeline()
     weights = L.callbacks.ModelCheckpoint(dirpath=tmp_path / "w", save_weights_only=True, save_last=True)
     data = ptl_rl.RLDataModule(sampler, steps_per_epoch=10)
-    trainer(L, max_epochs=1, enable_checkpointing=True, callbacks=[weights]).fit(q_module_class(L)(net), datamodule=data)
+    trainer(L, max_epochs=1, enable_checkpointing=True, callbacks=[weights]).fit(
+        q_module_class(L)(net), datamodule=data
+    )
     checkpoint = torch.load(tmp_path / "w" / "last.ckpt", weights_only=True)
     assert ptl_rl.CHECKPOINT_KEY not in checkpoint
     assert not any(isinstance(v, dict) and "pipeline" in v for v in checkpoint.values())

@@ -30,6 +30,7 @@ import torch
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.replay import ReplayBuffer
 from ptl_rl.buffers.sumtree import SumTree
+from ptl_rl.reprs import stage_repr
 
 Schedule = Callable[[int], float]
 BETA_CLOCKS = ("learner", "env")
@@ -123,7 +124,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         beta_clock: str = "learner",
         eps: float = 1e-6,
         stratified: bool = True,
-        warmup: int = 1_000,
+        warmup: int | None = None,
         transitions_per_yield: int = 1,
         seed: int | None = None,
     ) -> None:
@@ -337,6 +338,17 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.batches_sampled = int(state["batches_sampled"])
         self.stale_updates = int(state["stale_updates"])
         self.applied_updates = int(state["applied_updates"])
+
+    # ------------------------------------------------------------------ repr
+    def __repr__(self) -> str:
+        """Size, alpha, beta now, warm-up, replay ratio, and the chain upstream."""
+        return stage_repr(
+            self,
+            **self._size_counters(),
+            alpha=self.alpha,
+            beta=self.beta,
+            transitions_per_yield=self.transitions_per_yield,
+        )
 
 
 def _check_reserved(batch: TransitionBatch) -> None:

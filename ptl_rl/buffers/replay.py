@@ -11,6 +11,7 @@ from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.shuffle import ShuffledPasses
 from ptl_rl.buffers.storage import ArrayStorage
 from ptl_rl.ranks import rank_seed
+from ptl_rl.reprs import stage_repr
 
 
 class ReplayBuffer:
@@ -58,7 +59,10 @@ class ReplayBuffer:
         if warmup is None:
             warmup = min(1_000, self.storage.capacity)
         if not 0 <= warmup <= capacity:
-            raise ValueError(f"warmup must be in [0, capacity={capacity}], got {warmup}")
+            raise ValueError(
+                f"warmup must be in [0, capacity={capacity}], got {warmup}: the buffer cannot hold more than "
+                "capacity transitions; lower warmup or raise capacity"
+            )
         if transitions_per_yield < 1:
             raise ValueError(f"transitions_per_yield must be >= 1, got {transitions_per_yield}")
         self.upstream = upstream
@@ -144,3 +148,12 @@ class ReplayBuffer:
         self._credit = int(state["credit"])
         if "passes" in state:
             self.passes.load_state_dict(state["passes"])
+
+    # ------------------------------------------------------------------ repr
+    def __repr__(self) -> str:
+        """``ReplayBuffer(size=stored/capacity, warmup=..., transitions_per_yield=...)`` and the chain upstream."""
+        extra = {} if self.replacement else {"replacement": False}
+        return stage_repr(self, **self._size_counters(), transitions_per_yield=self.transitions_per_yield, **extra)
+
+    def _size_counters(self) -> dict[str, Any]:
+        return {"size": f"{len(self)}/{self.capacity}", "warmup": self.warmup}

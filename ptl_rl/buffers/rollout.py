@@ -53,6 +53,7 @@ import torch
 
 from ptl_rl.batch import TorchBatch, TransitionBatch, tree_map
 from ptl_rl.gae import compute_gae
+from ptl_rl.reprs import stage_repr
 
 ValueFn = Callable[[Any], np.ndarray]
 _NORMALIZE = ("minibatch", "rollout", None)
@@ -158,6 +159,13 @@ class RolloutBuffer:
         self.normalize_advantage = normalize_advantage
         self.value_fn = value_fn
         self.value_key = value_key
+        if upstream is not None and value_fn is None and _find_value_fn(upstream) is None:
+            # every rollout bootstraps each env's last row from V(next_obs): without a critic the first one fails
+            raise ValueError(
+                "a RolloutBuffer needs a critic for the bootstrap values V(next_obs) (each env's last row and "
+                f"truncations), and neither value_fn nor the agent of {type(upstream).__name__} has value(obs). Act "
+                "with ptl_rl.ActorCriticAgent(actor, critic, action_space), or pass value_fn=... (obs -> float [B])"
+            )
         self.device = torch.device(device) if device is not None else None
         self.rng = np.random.default_rng(seed)
 
@@ -348,3 +356,15 @@ class RolloutBuffer:
         self.rollouts_collected = int(state["rollouts_collected"])
         self.clear()
         self.rollout, self._schedule, self._served = None, [], 0
+
+    # ------------------------------------------------------------------ repr
+    def __repr__(self) -> str:
+        """Rollout shape, rows held, rollouts collected, the minibatch being served, and the chain upstream."""
+        return stage_repr(
+            self,
+            envs=self.num_envs,
+            steps_per_env=self.steps_per_env,
+            held=len(self),
+            rollouts=self.rollouts_collected,
+            served=f"{self._served}/{len(self._schedule)}",
+        )

@@ -35,6 +35,7 @@ import torch
 
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.prioritized import PrioritizedReplayBuffer, Schedule, _check_reserved
+from ptl_rl.reprs import stage_repr
 
 _REQUIRED_FIELDS = ("env_id", "terminated", "truncated")
 
@@ -93,7 +94,7 @@ class SequenceReplayBuffer(PrioritizedReplayBuffer):
         beta_clock: str = "learner",
         eps: float = 1e-6,
         stratified: bool = True,
-        warmup: int = 1_000,
+        warmup: int | None = None,
         transitions_per_yield: int = 1,
         seed: int | None = None,
     ) -> None:
@@ -389,3 +390,9 @@ class SequenceReplayBuffer(PrioritizedReplayBuffer):
         self._episode_start = self._env_steps.copy()
         self._recent_slot = state["recent_slot"].numpy().copy()
         self._recent_gen = state["recent_gen"].numpy().copy()
+
+    # ------------------------------------------------------------------ repr
+    def __repr__(self) -> str:
+        """Steps stored, window starts that can be sampled, window shape, and the chain upstream."""
+        shape = {"length": self.length, "burn_in": self.burn_in, "prioritized": self.prioritized}
+        return stage_repr(self, **self._size_counters(), windows=self.num_windows, **shape)

@@ -35,6 +35,7 @@ from pytorch_lightning.loggers import CSVLogger
 from torch import nn
 
 import ptl_rl
+from ptl_rl.examples.cli import check_env
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -68,7 +69,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-episodes", type=int, default=20)
     p.add_argument("--solved-return", type=float, default=475.0, help="stop once the greedy mean return reaches it")
     p.add_argument("--final-eval-episodes", type=int, default=100)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # fail here, with the usage line, rather than with a traceback after the setup
+    check_env(p, args.env_id, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box), "A2C")
+    return args
 
 
 # ---------------------------------------------------------------------------- networks

@@ -49,6 +49,7 @@ from pytorch_lightning.loggers import CSVLogger
 from torch import nn
 
 import ptl_rl
+from ptl_rl.examples.cli import check_env
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -109,7 +110,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if p.parse_known_args(argv)[0].rainbow:
         # --rainbow only changes defaults, so flags given explicitly still win (--rainbow --no-dueling)
         p.set_defaults(prioritized=True, dueling=True, n_step=3)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # fail here, with the usage line, rather than with a traceback after the setup
+    check_env(p, args.env_id, (gym.spaces.Discrete,), "DQN")
+    return args
 
 
 # ---------------------------------------------------------------------------- Q-network

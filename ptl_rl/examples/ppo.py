@@ -6,7 +6,8 @@ Read it top to bottom, CleanRL style:
 
 1. ``parse_args``: every hyperparameter is a flag; the defaults solve CartPole-v1
    (they follow rl-baselines3-zoo's tuned PPO for it). Box action spaces work
-   too (a diagonal Gaussian policy), e.g. ``--env-id Pendulum-v1``.
+   too (a diagonal Gaussian policy, or with ``--squashed`` a tanh-squashed
+   one), e.g. ``--env-id Pendulum-v1``.
 2. ``actor_critic``: separate MLPs for the policy and the value, ending in the
    ``ptl_rl.action_head`` that fits the action space.
 3. ``PPO``: the LightningModule. ``training_step`` gets a ``ptl_rl.TorchBatch``
@@ -38,6 +39,7 @@ from pytorch_lightning.loggers import CSVLogger
 from torch import nn
 
 import ptl_rl
+from ptl_rl.examples.cli import check_env
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -68,12 +70,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-grad-norm", type=float, default=0.5)
     p.add_argument("--norm-adv", default="minibatch", choices=["minibatch", "rollout", "none"])
     p.add_argument("--hidden", type=int, default=64, help="width of the two hidden layers")
+    p.add_argument(
+        "--squashed",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="Box actions: a tanh-squashed Gaussian policy (actions stay inside the bounds) instead of a clipped one",
+    )
     # evaluation
     p.add_argument("--eval-every", type=int, default=5_000, help="env steps between greedy evaluations (0: never)")
     p.add_argument("--eval-episodes", type=int, default=20)
     p.add_argument("--solved-return", type=float, default=475.0, help="stop once the greedy mean return reaches it")
     p.add_argument("--final-eval-episodes", type=int, default=100)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # fail here, with the usage line, rather than with a traceback after the setup
+    env = check_env(p, args.env_id, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box), "PPO")
+    if args.squashed and not isinstance(env.action_space, gym.spaces.Box):
+        p.error(f"--squashed applies to Box action spaces; {args.env_id} has {env.action_space}")
+    return args
 
 
 # ---------------------------------------------------------------------------- networks
@@ -95,9 +108,16 @@ def mlp(in_features: int, hidden: int) -> nn.Sequential:
     )
 
 
-def actor_critic(obs_dim: int, action_space: gym.Space, hidden: int) -> tuple[nn.Module, nn.Module]:
-    """The policy (obs -> action distribution) and the value (obs -> float [B, 1]) networks."""
-    actor = nn.Sequential(mlp(obs_dim, hidden), ptl_rl.action_head(action_space, hidden))  # small-gain output init
+def actor_critic(
+    obs_dim: int, action_space: gym.Space, hidden: int, squashed: bool = False
+) -> tuple[nn.Module, nn.Module]:
+    """The policy (obs -> action distribution) and the value (obs -> float [B, 1]) networks.
+
+    ``squashed`` (Box only) ends the policy in a tanh-squashed Gaussian; its
+    entropy is the quadrature estimate of ``SquashedDiagGaussian.entropy``.
+    """
+    head = ptl_rl.action_head(action_space, hidden, squashed=squashed)  # small-gain output init
+    actor = nn.Sequential(mlp(obs_dim, hidden), head)
     critic = nn.Sequential(mlp(obs_dim, hidden), layer_init(nn.Linear(hidden, 1), gain=1.0))
     return actor, critic
 
@@ -109,7 +129,7 @@ class PPO(pl.LightningModule):
         self.save_hyperparameters(vars(args))
         self.num_rollouts = num_rollouts
         self.batches_per_rollout = args.update_epochs * args.num_minibatches
-        self.actor, self.critic = actor_critic(obs_dim, action_space, args.hidden)
+        self.actor, self.critic = actor_critic(obs_dim, action_space, args.hidden, squashed=args.squashed)
         # the agent acts in the envs with these very modules: each rollout uses the current weights
         self.agent = ptl_rl.ActorCriticAgent(self.actor, self.critic, action_space, seed=args.seed)
 

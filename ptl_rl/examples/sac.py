@@ -40,6 +40,7 @@ from pytorch_lightning.loggers import CSVLogger
 from torch import nn
 
 import ptl_rl
+from ptl_rl.examples.cli import check_env
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -76,7 +77,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--solved-return", type=float, default=-200.0, help="stop once the greedy mean return reaches it")
     p.add_argument("--final-eval-episodes", type=int, default=100)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # fail here, with the usage line, rather than with a traceback after the setup
+    check_env(p, args.env_id, (gym.spaces.Box,), "SAC")
+    return args
 
 
 # ---------------------------------------------------------------------------- networks
