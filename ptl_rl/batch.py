@@ -265,7 +265,10 @@ class TorchBatch(_FieldBatch):
     __slots__ = ()
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> TorchBatch:
-        """A copy of the batch with every tensor moved to ``device``."""
+        """The batch with every tensor on ``device``: ``self`` when they all are already (Lightning's CPU case)."""
+        device = torch.device(device)
+        if all(leaf.device == device for _, value in self._fields.items() for _, leaf in tree_leaves(value)):
+            return self
         moved = TorchBatch(
             {k: tree_map(lambda t: t.to(device, non_blocking=non_blocking), v) for k, v in self._fields.items()}
         )

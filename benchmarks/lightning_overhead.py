@@ -1,0 +1,169 @@
+"""What Lightning costs per DQN gradient step: the same pipeline and module, in a Trainer vs a plain PyTorch loop.
+
+Both sides train ``ptl_rl.examples.dqn.DQN`` (64-64 MLP, double DQN, Adam fused)
+on batches of 128 from the same pipeline (8 CartPole-v1 envs, 3-step returns,
+uniform replay, one vector step per batch), for the same number of gradient
+steps, from a warmed-up buffer, torch on one thread. The plain loop calls
+``training_step``, ``backward``, ``step`` and syncs the target network itself.
+The Lightning side is ``Trainer(max_steps=N).fit(module, to_dataloader(sampler))``:
+
+* ``bare``: logger, checkpointing, progress bar and model summary off, the
+  module's own ``self.log`` calls off (``log_every`` huge): Lightning's fixed cost.
+* ``usual``: progress bar on, the module logging every 100 steps, the default
+  CSV logger and an ``EpisodeStatsLogger``: what a user's run pays.
+
+Prints, per variant, gradient steps/s (median of ``--repeats``) and the ratio
+to the plain loop (goal >= 0.8), then where the time goes per step: data
+(pipeline: env steps, n-step, insert, sample, torch conversion),
+``training_step`` (forward and loss), and the rest (backward, optimizer,
+Lightning's loop, hooks and logging).
+
+    python benchmarks/lightning_overhead.py [--steps 2000] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import tempfile
+import time
+import warnings
+
+import gymnasium as gym
+import pytorch_lightning as pl
+import torch
+
+import ptl_rl
+from ptl_rl.examples.dqn import DQN
+
+BATCH = 128
+SYNC_EVERY = 50
+
+
+class Timed:
+    """Wraps a callable and adds up the seconds spent in it."""
+
+    def __init__(self, fn):
+        self.fn, self.seconds = fn, 0.0
+
+    def __call__(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+class TimedSampler:
+    """The sampler with its ``next`` timed (the whole pipeline runs inside it)."""
+
+    def __init__(self, sampler):
+        self.sampler, self.timed = sampler, Timed(sampler.__next__)
+        self.upstream = sampler  # so find_stage walks through it
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.timed()
+
+
+class TimedDQN(DQN):
+    """The example's module, adding up the seconds spent in ``training_step``."""
+
+    step_seconds = 0.0
+
+    def training_step(self, batch, batch_idx):
+        start = time.perf_counter()
+        try:
+            return super().training_step(batch, batch_idx)
+        finally:
+            self.step_seconds += time.perf_counter() - start
+
+
+def build(log_every: int, seed: int = 0):
+    env = gym.make_vec("CartPole-v1", num_envs=8, vectorization_mode="sync")
+    torch.manual_seed(seed)
+    module = TimedDQN(4, 2, hidden=64, target_sync_every=SYNC_EVERY, log_every=log_every)
+    agent = ptl_rl.DQNAgent(module.q_net, ptl_rl.EpsilonGreedySelector(0.1, seed=seed))
+    source = ptl_rl.ExperienceSource(env, agent, seed=seed)
+    nstep = ptl_rl.NStepTransform(source, n=3, gamma=0.99)
+    buffer = ptl_rl.ReplayBuffer(nstep, 50_000, warmup=1_000, transitions_per_yield=8, seed=seed)
+    sampler = ptl_rl.BatchSampler(buffer, BATCH)
+    next(sampler)  # warm-up outside the timing
+    return module, TimedSampler(sampler)
+
+
+def plain(steps: int) -> dict[str, float]:
+    module, sampler = build(log_every=10**9)
+    optimizer = module.configure_optimizers()
+    start = time.perf_counter()
+    for i in range(steps):
+        loss = module.training_step(next(sampler), i)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if (i + 1) % SYNC_EVERY == 0:
+            module.target_net.sync()
+    total = time.perf_counter() - start
+    return {"total": total, "data": sampler.timed.seconds, "step": module.step_seconds}
+
+
+def lightning(steps: int, usual: bool) -> dict[str, float]:
+    module, sampler = build(log_every=100 if usual else 10**9)
+    with tempfile.TemporaryDirectory() as root:
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            max_steps=steps,
+            default_root_dir=root,
+            logger=usual,
+            enable_checkpointing=False,
+            enable_progress_bar=usual,
+            enable_model_summary=False,
+            callbacks=[ptl_rl.EpisodeStatsLogger(sampler.sampler, every_n_steps=100)] if usual else [],
+        )
+        loader = ptl_rl.to_dataloader(sampler, steps_per_epoch=steps)
+        start = time.perf_counter()
+        trainer.fit(module, train_dataloaders=loader)
+        total = time.perf_counter() - start
+    return {"total": total, "data": sampler.timed.seconds, "step": module.step_seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=2_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+    os.environ.setdefault("TQDM_DISABLE", "0")
+
+    runs: dict[str, list[dict[str, float]]] = {"plain": [], "bare": [], "usual": []}
+    for _ in range(args.repeats):  # interleaved, so a load change hits every variant alike
+        runs["plain"].append(plain(args.steps))
+        runs["bare"].append(lightning(args.steps, usual=False))
+        runs["usual"].append(lightning(args.steps, usual=True))
+
+    def median(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[name])
+
+    print(f"DQN gradient steps, batch {BATCH}, {args.steps} steps x {args.repeats} repeats (median)")
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    plain_rate = args.steps / median("plain", "total")
+    print(f"{'variant':8} {'steps/s':>9} {'vs plain':>9} {'data us':>9} {'step us':>9} {'rest us':>9}")
+    for name in runs:
+        rate = args.steps / median(name, "total")
+        per = {key: 1e6 * median(name, key) / args.steps for key in ("total", "data", "step")}
+        rest = per["total"] - per["data"] - per["step"]
+        print(
+            f"{name:8} {rate:9.0f} {rate / plain_rate:9.2f} {per['data']:9.0f} {per['step']:9.0f} {rest:9.0f}"
+        )
+    print("data: the pipeline (env step, n-step, insert, sample, to torch); step: training_step (forward, loss);")
+    print("rest: backward and optimizer (both sides), plus Lightning's loop, hooks, logging and progress bar.")
+
+
+if __name__ == "__main__":
+    main()
