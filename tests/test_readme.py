@@ -28,15 +28,31 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert readme_commands()[1] in ci_lines
 
 
-def test_the_readme_pipeline_example_runs() -> None:
+def readme_code_block(after: str) -> str:
+    """The first ``.. code-block:: python`` of README.rst after the line ``after``."""
     lines = (ROOT / "README.rst").read_text().splitlines()
-    start = lines.index(".. code-block:: python") + 2
+    start = lines.index(".. code-block:: python", lines.index(after)) + 2
     block = []
     for line in lines[start:]:
         if line and not line.startswith("    "):
             break
         block.append(line[4:])
+    return "\n".join(block)
+
+
+def test_the_readme_pipeline_example_runs() -> None:
     namespace: dict = {}
-    exec(compile("\n".join(block), "README.rst", "exec"), namespace)  # noqa: S102
+    exec(compile(readme_code_block("The pipeline, stage by stage"), "README.rst", "exec"), namespace)  # noqa: S102
     assert len(namespace["buffer"]) >= 1_000
     assert namespace["loader"] is not None
+
+
+def test_the_readme_lightning_project_example_runs(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the Trainer writes its logs and checkpoints here
+    namespace: dict = {}
+    code = readme_code_block("Using ptl_rl in an existing Lightning project")
+    exec(compile(code, "README.rst", "exec"), namespace)  # noqa: S102
+    trainer = namespace["trainer"]
+    assert 200 <= trainer.global_step <= 300 and "eval/return_mean" in trainer.callback_metrics
+    checkpoint_callback = trainer.checkpoint_callback
+    assert checkpoint_callback.best_model_path and checkpoint_callback.last_model_path
