@@ -158,9 +158,7 @@ def main() -> None:
         rate = args.steps / median(name, "total")
         per = {key: 1e6 * median(name, key) / args.steps for key in ("total", "data", "step")}
         rest = per["total"] - per["data"] - per["step"]
-        print(
-            f"{name:8} {rate:9.0f} {rate / plain_rate:9.2f} {per['data']:9.0f} {per['step']:9.0f} {rest:9.0f}"
-        )
+        print(f"{name:8} {rate:9.0f} {rate / plain_rate:9.2f} {per['data']:9.0f} {per['step']:9.0f} {rest:9.0f}")
     print("data: the pipeline (env step, n-step, insert, sample, to torch); step: training_step (forward, loss);")
     print("rest: backward and optimizer (both sides), plus Lightning's loop, hooks, logging and progress bar.")
 
