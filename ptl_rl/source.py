@@ -64,6 +64,8 @@ def _autoreset_mode_of(env: Any, override: str | None) -> str:
 
 def _to_numpy(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
+        if x.is_floating_point() and x.dtype not in (torch.float32, torch.float64):
+            x = x.float()  # numpy has no bfloat16; float16 agents get float32 too, one rule
         return x.detach().cpu().numpy()
     if isinstance(x, Mapping):
         return {k: _to_numpy(v) for k, v in x.items()}

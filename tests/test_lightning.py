@@ -461,6 +461,18 @@ class Float64Env(gym.Env):
         return self.np_random.uniform(-1, 1, 3), np.float64(0.5), False, self.t >= 5, {}
 
 
+def test_an_agent_returning_bf16_tensors_works() -> None:
+    env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    net = nn.Linear(4, 2).to(torch.bfloat16)
+
+    def agent(obs):
+        logits = net(torch.as_tensor(obs, dtype=torch.bfloat16))
+        return logits.argmax(1), {"logits": logits}  # bf16 extras, as a bf16-true module would give
+
+    batch = next(ptl_rl.ExperienceSource(env, agent, seed=0))
+    assert batch.action.dtype == np.int64 and batch["logits"].dtype == np.float32
+
+
 def test_float64_observations_become_float32_at_the_source_unless_asked_not_to() -> None:
     net = nn.Linear(3, 2)
     seen = []
