@@ -174,19 +174,22 @@ def _check_leaves(dataset_id: str, episode_id: int, what: str, data: Any, shapes
         )
 
 
+_EPISODE_FIELDS = ("observations", "actions", "rewards", "terminations", "truncations")
+
+
 def _read_episodes(dataset: Any, indices: Sequence[int]) -> Iterator[Any]:
     """Minari's episodes ``indices``, with a missing stored field reported by name."""
     episodes = dataset.iterate_episodes(indices)
-    while True:
+    for index in indices:
         try:
             episode = next(episodes)
-        except StopIteration:
-            return
-        except KeyError as error:  # h5py: a group lacks one of the fields every Minari episode has
+        except KeyError as error:  # h5py (or arrow): the episode's group lacks a field every Minari episode has
+            missing = [name for name in _EPISODE_FIELDS if repr(name) in str(error) or f'"{name}"' in str(error)]
+            what = f"the field {missing[0]!r}" if missing else f"a field ({error})"
             raise ValueError(
-                f"dataset {dataset.id!r}: an episode lacks the field {error}; every Minari episode needs "
-                "observations, actions, rewards, terminations and truncations. The dataset is incomplete or "
-                "was not written by Minari: re-create it (e.g. with ptl_rl.MinariRecorder)"
+                f"dataset {dataset.id!r}, episode {index}: the stored episode lacks {what}; every Minari episode "
+                f"needs {', '.join(_EPISODE_FIELDS)}. The dataset is incomplete or was not written by Minari: "
+                "re-create it (e.g. with ptl_rl.MinariRecorder) or fetch it again"
             ) from None
         yield episode
 
