@@ -9,6 +9,7 @@ Every dataset here is created locally under a temporary ``MINARI_DATASETS_PATH``
 from __future__ import annotations
 
 import sys
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -258,6 +259,13 @@ def _buffer(observations, actions, rewards, terminations, truncations):
 
 
 def _minari_dataset(dataset_id, episodes, observation_space, action_space):
+    """A dataset written by Minari's own API from in-memory episodes, as a downloaded one is written."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="env_spec is None", category=UserWarning)
+        return _create(dataset_id, episodes, observation_space, action_space)
+
+
+def _create(dataset_id, episodes, observation_space, action_space):
     return minari.create_dataset_from_buffers(
         dataset_id,
         episodes,
@@ -356,3 +364,38 @@ def test_missing_minari_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "minari", None)  # import minari -> ImportError
     with pytest.raises(ImportError, match=r"pip install 'ptl_rl\[offline\]'"):
         MinariSource("anything-v0")
+
+
+# ---------------------------------------------------------------------- learning
+@pytest.fixture
+def restore_torch_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.learning
+def test_behaviour_cloning_from_a_recorded_expert_solves_cartpole(restore_torch_threads):
+    # python -m ptl_rl.examples.offline_bc --seed 0: record 20 PD-expert episodes, clone them for 1000 steps
+    from ptl_rl.examples import offline_bc
+
+    args = offline_bc.parse_args(["--seed", "0", "--no-progress-bar"])
+    dataset = offline_bc.record_dataset("ptl_rl/cartpole-pd-expert-s0-v0", args)
+    assert dataset.total_episodes == args.record_episodes
+
+    # training reads the dataset only: stepping an env before the final evaluation fails the test
+    with pytest.MonkeyPatch.context() as patch:
+        real_evaluate = ptl_rl.evaluate
+
+        def step_during_training(self, actions):
+            raise AssertionError("an env was stepped during offline training")
+
+        def evaluate_after_training(*args, **kwargs):
+            patch.undo()  # training is over: the evaluation may step envs
+            return real_evaluate(*args, **kwargs)
+
+        patch.setattr(gym.vector.SyncVectorEnv, "step", step_during_training)
+        patch.setattr(ptl_rl, "evaluate", evaluate_after_training)
+        result = offline_bc.train(args)
+    assert result["dataset_steps"] == dataset.total_steps  # the recorded dataset was reused, not re-recorded
+    assert result["final_eval_return"] >= 475.0, result
