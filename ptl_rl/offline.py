@@ -787,19 +787,38 @@ class MinariRecorder:
                 # Minari nudges towards author/email/permalink metadata; the user passes them via **metadata
                 warnings.filterwarnings("ignore", message=r".*is set to None", category=UserWarning)
                 warnings.filterwarnings("ignore", message=r"env_spec is None", category=UserWarning)
+                # env=None: Minari would otherwise gym.make the env from its spec just to read spaces we pass
                 self.dataset = self._minari.create_dataset_from_buffers(
                     self.dataset_id,
                     [],
-                    env=_spec_of(self._env) if self._env is not None else None,
+                    env=None,
                     observation_space=observation_space,
                     action_space=self._action_space,
                     jpeg_encoding=False,  # lossless: the stored rows must equal the ones the source yielded
                     **self._metadata,
                 )
+            self._add_env_spec()
         self.dataset.storage.update_episodes(episodes)
         self.dataset.episode_indices = np.arange(self.dataset.storage.total_episodes)
         self.episodes_written += len(episodes)
         self.steps_written += sum(len(e.rewards) for e in episodes)
+
+    def _add_env_spec(self) -> None:
+        """Store the env's spec, so that ``MinariDataset.recover_environment()`` can make the env again."""
+        spec = _spec_of(self._env) if self._env is not None else None
+        if spec is None:
+            return
+        try:
+            self.dataset.storage.update_metadata({"env_spec": spec.to_json()})
+        except (TypeError, ValueError) as error:  # a wrapper or kwarg that gymnasium cannot serialize
+            warnings.warn(
+                f"the spec of env {spec.id!r} cannot be stored ({error}); dataset {self.dataset_id!r} is written "
+                "without it, so MinariDataset.recover_environment() will not work for it",
+                UserWarning,
+                stacklevel=4,
+            )
+            return
+        self.dataset = self._minari.MinariDataset(self.dataset.storage.data_path)
 
     # ------------------------------------------------------------------ storage
     def _ensure_capacity(self, batch: TransitionBatch, num_envs: int) -> None:

@@ -399,3 +399,41 @@ def test_behaviour_cloning_from_a_recorded_expert_solves_cartpole(restore_torch_
         result = offline_bc.train(args)
     assert result["dataset_steps"] == dataset.total_steps  # the recorded dataset was reused, not re-recorded
     assert result["final_eval_return"] >= 475.0, result
+
+
+def test_record_by_hand_with_several_steps_of_an_env_per_batch():
+    """record() takes any 1-step rows in time order per env, e.g. a whole trajectory in one batch."""
+    env = make_env(LAYOUTS, "SameStep")
+    source = ExperienceSource(env, ScriptedAgent(3), seed=0)
+    trajectory = TransitionBatch.concat([TransitionBatch(dict(b)) for b in scripted_batches(source, LAYOUTS, 2)])
+    with MinariRecorder(None, "test/by-hand-v0", env=env, partial_episodes="drop") as recorder:
+        recorder.record(trajectory)
+        recorder.record(trajectory.rows(slice(0, 0)))  # an empty batch is fine
+    rows, _ = expected_rows(env_attr(env, "record"), "drop")
+    assert_rows_equal(loaded_rows(MinariSource(recorder.dataset, lanes=5)), rows)
+    with pytest.raises(RuntimeError, match="closed"):
+        recorder.record(trajectory)
+
+
+def test_float64_observations_are_recorded_as_the_float32_the_source_yields():
+    class Float64Obs(gym.ObservationWrapper):
+        def __init__(self, env):
+            super().__init__(env)
+            space = env.observation_space
+            self.observation_space = gym.spaces.Box(space.low, space.high, space.shape, np.float64)
+
+        def observation(self, obs):
+            return obs.astype(np.float64)
+
+    env = Float64Obs(gym.make("CartPole-v1"))
+    source = ExperienceSource(env, lambda obs: np.zeros(len(obs), dtype=np.int64), seed=0)
+    with MinariRecorder(source, "test/float64-v0") as recorder:
+        while source.episodes_finished < 2:
+            next(recorder)
+    dataset = recorder.dataset
+    assert dataset.observation_space.dtype == np.float32
+    assert dataset.total_episodes == 2  # recording stopped right at an episode end: nothing was running
+    assert dataset.recover_environment().spec.id == "CartPole-v1"
+    # the float64 space of the env still matches (same kind and shape): a model for this env can train on it
+    got = TransitionBatch.concat(list(MinariSource(dataset, observation_space=env.observation_space)))
+    assert got["obs"].dtype == np.float32 and len(got) == dataset.total_steps
