@@ -433,7 +433,7 @@ def test_float64_observations_are_recorded_as_the_float32_the_source_yields():
     dataset = recorder.dataset
     assert dataset.observation_space.dtype == np.float32
     assert dataset.total_episodes == 2  # recording stopped right at an episode end: nothing was running
-    assert dataset.recover_environment().spec.id == "CartPole-v1"
+    assert dataset.env_spec.id == "CartPole-v1"  # stored, though this test wrapper cannot be re-made from it
     # the float64 space of the env still matches (same kind and shape): a model for this env can train on it
     got = TransitionBatch.concat(list(MinariSource(dataset, observation_space=env.observation_space)))
     assert got["obs"].dtype == np.float32 and len(got) == dataset.total_steps
