@@ -382,6 +382,7 @@ def test_behaviour_cloning_from_a_recorded_expert_solves_cartpole(restore_torch_
     args = offline_bc.parse_args(["--seed", "0", "--no-progress-bar"])
     dataset = offline_bc.record_dataset("ptl_rl/cartpole-pd-expert-s0-v0", args)
     assert dataset.total_episodes == args.record_episodes
+    assert dataset.recover_environment().spec.id == "CartPole-v1"  # the env spec was stored
 
     # training reads the dataset only: stepping an env before the final evaluation fails the test
     with pytest.MonkeyPatch.context() as patch:
@@ -399,6 +400,14 @@ def test_behaviour_cloning_from_a_recorded_expert_solves_cartpole(restore_torch_
         result = offline_bc.train(args)
     assert result["dataset_steps"] == dataset.total_steps  # the recorded dataset was reused, not re-recorded
     assert result["final_eval_return"] >= 475.0, result
+
+
+def test_offline_example_rejects_envs_it_cannot_clone(capsys):
+    from ptl_rl.examples import offline_bc
+
+    with pytest.raises(SystemExit):
+        offline_bc.parse_args(["--env-id", "Pendulum-v1"])
+    assert "needs Discrete actions, but Pendulum-v1 has Box" in capsys.readouterr().err
 
 
 def test_record_by_hand_with_several_steps_of_an_env_per_batch():

@@ -44,6 +44,7 @@ from pytorch_lightning.callbacks import TQDMProgressBar
 from torch import nn
 
 import ptl_rl
+from ptl_rl.examples.cli import check_env
 
 # the PD controller's gains on (cart position, cart velocity, pole angle, pole angular velocity): push right
 # when the weighted sum is positive
@@ -77,7 +78,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps-per-epoch", type=int, default=250)
     # evaluation (after training)
     p.add_argument("--eval-episodes", type=int, default=20)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # fail here, with the usage line, rather than with a traceback after recording
+    check_env(p, args.env_id, (gym.spaces.Discrete,), "behaviour cloning (a classifier over actions)")
+    return args
 
 
 # ---------------------------------------------------------------------------- the behaviour policy
@@ -159,10 +163,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     probe = gym.make(args.env_id)
     obs_space, action_space = probe.observation_space, probe.action_space
     probe.close()
-    if not isinstance(action_space, gym.spaces.Discrete) or not isinstance(obs_space, gym.spaces.Box):
-        raise SystemExit(
-            f"this example clones Discrete actions from Box observations; {args.env_id} has {action_space}"
-        )
     # fill once, then sample: shuffled passes over the whole dataset (replacement=False)
     buffer = ptl_rl.minari_replay_buffer(
         dataset, seed=args.seed, replacement=False, observation_space=obs_space, action_space=action_space
