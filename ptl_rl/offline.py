@@ -37,6 +37,7 @@ import numpy as np
 from gymnasium import spaces
 
 from ptl_rl.batch import TransitionBatch, tree_leaves, tree_map
+from ptl_rl.ranks import distributed_rank, rank_seed
 from ptl_rl.reprs import stage_repr
 
 __all__ = ["MinariRecorder", "MinariSource", "minari_replay_buffer", "open_minari_dataset"]
@@ -272,7 +273,9 @@ class MinariSource:
         shuffle: read the episodes in a random order, a new one each pass (``seed``).
         epochs: passes over the episodes; ``None`` reads them endlessly.
         seed: seed of the episode order.
-        rank: offsets ``env_id`` by ``rank * lanes`` (set by the Lightning adapter under DDP).
+        rank: offsets ``env_id`` by ``rank * lanes``; ``None``: 0 unless the
+            Lightning adapter assigns the DDP rank (:meth:`set_rank`, which also
+            splits the episodes across ranks).
         cast_float64: float64 observations become float32, as in ExperienceSource.
         observation_space, action_space: the spaces the consumer expects (e.g.
             the env a model is built for); a dataset with other spaces
@@ -330,12 +333,15 @@ class MinariSource:
 
         indices = self.dataset.episode_indices if episode_indices is None else episode_indices
         self.episode_indices = np.asarray(list(indices), dtype=np.int64)
+        self._shard_by_rank = episode_indices is None  # explicit indices are the user's own sharding
+        self._sharded = False
         if len(self.episode_indices) == 0:
             raise ValueError(f"dataset {self.dataset_id!r}: no episodes to read (episode_indices is empty)")
         self.num_envs = int(lanes)
         self.gamma = float(gamma)
         self.shuffle = bool(shuffle)
         self.epochs = epochs
+        self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.rank = int(rank or 0)
         self._rank_is_explicit = rank is not None
@@ -355,6 +361,8 @@ class MinariSource:
         self._queue = np.zeros((0, 2), dtype=np.int64)  # loaded episodes not yet in a lane: (start, end) rows
         self._steps_per_pass: int | None = None
         self._set_env_ids()
+        if epochs is None and self.steps_per_pass() == 0:  # else reading endlessly would spin without a row
+            raise ValueError(f"dataset {self.dataset_id!r}: the episodes to read hold no steps, nothing to yield")
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> MinariSource:
@@ -411,15 +419,36 @@ class MinariSource:
 
     # ------------------------------------------------------------------ rank
     def set_rank(self, rank: int) -> None:
-        """Offset ``env_id`` by ``rank * lanes`` (called by the Lightning adapter under DDP).
+        """Take DDP rank ``rank`` (called by the Lightning adapter before the first batch).
 
-        The episodes read are not split by rank: give each rank its own
-        ``episode_indices`` (e.g. ``dataset.episode_indices[rank::world_size]``).
+        ``env_id`` is offset by ``rank * lanes`` and the shuffle seed made
+        rank-distinct. Under ``torch.distributed`` the episodes are split too,
+        ``episode_indices[rank::world_size]``, unless ``episode_indices`` was
+        given (then each rank reads what it was given). Only before reading.
         """
-        if self._rank_is_explicit or int(rank) == self.rank:
+        if self._rank_is_explicit:
             return
+        _, world_size = distributed_rank()
+        shard = self._shard_by_rank and world_size > 1 and not self._sharded
+        if int(rank) == self.rank and not shard:
+            return
+        if self.total_steps or self.passes_started:
+            raise RuntimeError(
+                f"this MinariSource has already read episodes as rank {self.rank}; it cannot become rank {rank}. "
+                "Build the pipeline inside each process, or pass rank= explicitly"
+            )
         self.rank = int(rank)
         self._set_env_ids()
+        self.rng = np.random.default_rng(rank_seed(self.seed, self.rank))
+        if shard:
+            self.episode_indices = self.episode_indices[self.rank :: world_size]
+            self._steps_per_pass = None
+            self._sharded = True
+            if len(self.episode_indices) == 0:
+                raise ValueError(
+                    f"dataset {self.dataset_id!r} has fewer episodes than the {world_size} ranks reading it: "
+                    f"rank {self.rank} gets none. Use fewer processes, or pass episode_indices per rank"
+                )
 
     def _set_env_ids(self) -> None:
         self._env_ids = np.arange(self.num_envs, dtype=np.int64) + self.rank * self.num_envs

@@ -446,3 +446,25 @@ def test_float64_observations_are_recorded_as_the_float32_the_source_yields():
     # the float64 space of the env still matches (same kind and shape): a model for this env can train on it
     got = TransitionBatch.concat(list(MinariSource(dataset, observation_space=env.observation_space)))
     assert got["obs"].dtype == np.float32 and len(got) == dataset.total_steps
+
+
+def test_ranks_read_disjoint_episodes_under_ddp(monkeypatch):
+    """set_rank in a (faked) 2-process world: each rank gets distinct env_ids and a disjoint share of the episodes."""
+    import ptl_rl.offline
+
+    dataset, _ = record(LAYOUTS, "NextStep")
+    monkeypatch.setattr(ptl_rl.offline, "distributed_rank", lambda: (1, 2))
+    episodes = []
+    for rank in (0, 1):
+        source = MinariSource(dataset, lanes=2, episode_id=True, shuffle=True, seed=0)
+        source.set_rank(rank)
+        got = TransitionBatch.concat(list(source))
+        assert set(got["env_id"].tolist()) <= {2 * rank, 2 * rank + 1}
+        episodes.append(set(got["episode_id"].tolist()))
+    assert episodes[0].isdisjoint(episodes[1]) and episodes[0] | episodes[1] == set(range(dataset.total_episodes))
+    source = MinariSource(dataset, lanes=2, episode_indices=[0, 1])  # explicit indices: the user's own split
+    source.set_rank(1)
+    assert source.episode_indices.tolist() == [0, 1]
+    with pytest.raises(RuntimeError, match="already read"):
+        next(source)
+        source.set_rank(0)
