@@ -585,6 +585,18 @@ def _spec_of(env: Any) -> Any:
     return getattr(env, "spec", None)
 
 
+_RECORDED_FIELDS = ("obs", "action", "reward", "terminated", "truncated")
+
+
+def _assign(store: Any, index: Any, value: Any) -> None:
+    """``store[index] = value`` leaf by leaf (a plain dict check: this runs once per field and batch)."""
+    if isinstance(store, dict):
+        for key in store:
+            _assign(store[key], index, value[key])
+    else:
+        store[index] = value
+
+
 def _rows_equal(a: Any, b: Any) -> np.ndarray:
     """Row-wise equality of two (dicts of) arrays [B, ...] -> bool [B]; NaN equals NaN."""
     result = None
@@ -711,7 +723,7 @@ class MinariRecorder:
         if self.upstream is None:
             raise TypeError("this MinariRecorder has no upstream; call record(batch) instead")
         batch = next(self.upstream)
-        self.record(batch)
+        self.record(batch, one_row_per_env=self.one_row_per_env)
         return batch
 
     def __enter__(self) -> MinariRecorder:
@@ -722,19 +734,21 @@ class MinariRecorder:
             self.close()
 
     # ------------------------------------------------------------------ recording
-    def record(self, batch: TransitionBatch) -> None:
+    def record(self, batch: TransitionBatch, one_row_per_env: bool = False) -> None:
         """Add the rows of ``batch``; episodes that end in it are queued for writing.
 
         Rows of one ``env_id`` must continue that env's episode: a row's ``obs``
         must equal the previous row's ``next_obs``, else ValueError (the batches
-        are not consecutive 1-step transitions, e.g. n-step output).
+        are not consecutive 1-step transitions, e.g. n-step output). ``batch``
+        may hold several steps of one env, in time order; ``one_row_per_env=True``
+        promises it holds at most one, which skips a check.
         """
         if self.closed:
             raise RuntimeError(f"MinariRecorder for {self.dataset_id!r} is closed; record into a new one")
         if not len(batch):
             return
         env_id = np.asarray(batch["env_id"])
-        if len(np.unique(env_id)) == len(env_id):
+        if one_row_per_env or len(np.unique(env_id)) == len(env_id):
             self._record_unique(batch, env_id)
         else:  # several steps of one env in one batch: add them occurrence by occurrence, in time order
             order = np.argsort(env_id, kind="stable")
@@ -762,9 +776,9 @@ class MinariRecorder:
                     "n-step or sampled batches"
                 )
         self._grow_steps(int(length.max()) + 1)
-        for name in ("obs", "action", "reward", "terminated", "truncated"):
-            tree_map(lambda store, value: store.__setitem__((env, length), value), self._steps[name], batch[name])
-        tree_map(lambda store, value: store.__setitem__(env, value), self._last_next_obs, batch["next_obs"])
+        for name in _RECORDED_FIELDS:
+            _assign(self._steps[name], (env, length), batch[name])
+        _assign(self._last_next_obs, env, batch["next_obs"])
         self._length[env] = length + 1
         ended = np.flatnonzero(np.asarray(batch["terminated"]) | np.asarray(batch["truncated"]))
         for e in env[ended].tolist():  # one Python step per finished episode, not per transition
@@ -854,7 +868,7 @@ class MinariRecorder:
         if self._steps is None:
             self._steps = {
                 name: tree_map(lambda a: np.zeros((0, 0, *a.shape[1:]), dtype=a.dtype), batch[name])
-                for name in ("obs", "action", "reward", "terminated", "truncated")
+                for name in _RECORDED_FIELDS
             }
             self._last_next_obs = tree_map(lambda a: np.zeros((0, *a.shape[1:]), dtype=a.dtype), batch["next_obs"])
         if num_envs <= len(self._length):
@@ -870,7 +884,7 @@ class MinariRecorder:
         self._length = np.concatenate([self._length, np.zeros(grow, dtype=np.int64)])
 
     def _grow_steps(self, needed: int) -> None:
-        capacity = next(iter(tree_leaves(self._steps["reward"])))[1].shape[1]
+        capacity = self._steps["reward"].shape[1]
         if needed <= capacity:
             return
         size = max(needed, 2 * capacity, 64)  # doubling: an episode of T steps costs O(log T) copies
