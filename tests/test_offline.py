@@ -85,9 +85,9 @@ def expected_rows(records, partial):
     return rows, cut_records
 
 
-def loaded_rows(source_batches):
-    batches = [b for b in source_batches]
-    got = TransitionBatch.concat(batches) if batches else None
+def loaded_rows(source):
+    """Every row ``source`` yields, sorted by obs code (unique per env, episode and step)."""
+    got = TransitionBatch.concat(list(source))
     order = np.argsort(obs_code(ids_of(got["obs"])), kind="stable")
     return got.rows(order)
 
