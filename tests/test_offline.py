@@ -408,6 +408,10 @@ def test_offline_example_rejects_envs_it_cannot_clone(capsys):
     with pytest.raises(SystemExit):
         offline_bc.parse_args(["--env-id", "Pendulum-v1"])
     assert "needs Discrete actions, but Pendulum-v1 has Box" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        offline_bc.parse_args(["--env-id", "Acrobot-v1"])
+    assert "only drives CartPole-v1; pass --dataset" in capsys.readouterr().err
+    assert offline_bc.parse_args(["--env-id", "Acrobot-v1", "--dataset", "acrobot/expert-v0"]).dataset
 
 
 def test_record_by_hand_with_several_steps_of_an_env_per_batch():

@@ -81,6 +81,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     # fail here, with the usage line, rather than with a traceback after recording
     check_env(p, args.env_id, (gym.spaces.Discrete,), "behaviour cloning (a classifier over actions)")
+    if args.dataset is None and args.env_id != "CartPole-v1":
+        p.error(
+            f"--env-id {args.env_id}: the built-in expert (a PD controller) only drives CartPole-v1; pass "
+            "--dataset <id or directory> to clone a dataset recorded on that env"
+        )
     return args
 
 
