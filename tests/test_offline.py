@@ -239,6 +239,16 @@ def test_replay_buffer_filled_in_one_call(nstep):
     np.testing.assert_array_equal(np.sort(obs_code(ids_of(epoch["obs"]))), reference["code"])
 
 
+def test_fill_a_prioritized_buffer():
+    dataset, _ = record(LAYOUTS, "NextStep")
+    buffer = MinariSource(dataset, gamma=0.9).fill(ptl_rl.PrioritizedReplayBuffer(None, capacity=64, warmup=0), 3)
+    assert len(buffer) == dataset.total_steps
+    batch = buffer.sample(8)
+    assert batch["weights"].shape == (8,) and set(np.unique(batch["discount"])) <= {
+        np.float32(0.9**k) for k in (1, 2, 3)
+    }
+
+
 def test_fill_warns_when_the_buffer_is_too_small():
     dataset, _ = record(LAYOUTS, "NextStep")
     with pytest.warns(UserWarning, match="overwritten"):
