@@ -35,6 +35,7 @@ from ptl_rl.lightning import (
     to_dataloader,
 )
 from ptl_rl.nstep import NStepTransform
+from ptl_rl.offline import MinariRecorder, MinariSource, minari_replay_buffer, open_minari_dataset
 from ptl_rl.ranks import assign_rank, rank_seed
 from ptl_rl.sampler import BatchSampler
 from ptl_rl.selectors import ArgmaxSelector, EpsilonGreedySelector, LinearSchedule
@@ -72,6 +73,8 @@ __all__ = [
     "EpsilonGreedySelector",
     "ExperienceSource",
     "LinearSchedule",
+    "MinariRecorder",
+    "MinariSource",
     "NStepTransform",
     "PeriodicEvaluation",
     "PipelineDataset",
@@ -87,6 +90,8 @@ __all__ = [
     "evaluate",
     "find_stage",
     "load_pipeline_state_dict",
+    "minari_replay_buffer",
+    "open_minari_dataset",
     "obs_to_tensor",
     "pipeline_stages",
     "pipeline_state_dict",
