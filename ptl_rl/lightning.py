@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
+from ptl_rl.batch import TransitionBatch
 from ptl_rl.compat import Callback, DataModule
 from ptl_rl.evaluation import evaluation_dataloader
 from ptl_rl.nstep import NStepTransform
@@ -86,6 +87,7 @@ class PipelineDataset(IterableDataset):
         self.as_tuple = tuple(as_tuple) if as_tuple is not None else None
         self.stop_condition_checked = False  # set by a callback that saw the Trainer's limits
         self._iterator: Iterator[Any] | None = None
+        self._first = True
 
     def __iter__(self) -> Iterator[Any]:
         if self._iterator is None:
@@ -112,6 +114,9 @@ class PipelineDataset(IterableDataset):
 
     def _next(self) -> Any:
         batch = next(self._iterator)
+        if self._first:
+            self._first = False
+            _check_first_batch(self.pipeline, batch)
         if self.as_tuple is not None:
             return batch.as_tuple(self.as_tuple)
         return batch
@@ -152,6 +157,16 @@ class PipelineLoader(DataLoader):
 
 def _as_is(batch: Any) -> Any:
     return batch
+
+
+def _check_first_batch(pipeline: Any, batch: Any) -> None:
+    """Stages ``_check_last_stage`` cannot know by type (a user's, a dataset reader) show it in their first batch."""
+    if isinstance(batch, TransitionBatch):
+        raise TypeError(
+            f"the last stage, {type(pipeline).__name__}, yields numpy TransitionBatches, not torch batches: put a "
+            "replay buffer and a sampler behind it, ptl_rl.BatchSampler(ptl_rl.ReplayBuffer(stage, capacity=...), "
+            "batch_size=...), or convert with batch.to_torch() in a stage of your own"
+        )
 
 
 def _check_last_stage(pipeline: Any) -> None:

@@ -160,6 +160,10 @@ def test_to_dataloader_refuses_stages_that_do_not_yield_torch_batches() -> None:
         ptl_rl.to_dataloader(sampler.upstream)
     with pytest.raises(TypeError, match="numpy TransitionBatches"):
         ptl_rl.to_dataloader(sampler.upstream.upstream)
+    # a stage unknown by type (a user's generator, a dataset reader) is caught at its first batch
+    loader = ptl_rl.to_dataloader((batch for batch in sampler.upstream.upstream), steps_per_epoch=2)
+    with pytest.raises(TypeError, match=r"ReplayBuffer\(stage"):
+        next(iter(loader))
 
 
 def test_an_endless_loader_without_a_stop_condition_warns(L) -> None:
