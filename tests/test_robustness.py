@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import collections
 import functools
+import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from types import CodeType
 from typing import Any
@@ -257,6 +259,66 @@ def test_faults_inside_next_never_leave_wrong_rows(mode, s):
     stored = replay.storage.gather(np.arange(len(replay)))
     check_rows([stored], records, n, gamma)
     env.close()
+
+
+class SlowEnv(ScriptedEnv):
+    """A ScriptedEnv whose step costs about ``cost_s`` of busy Python (a simulator's work)."""
+
+    def __init__(self, *args: Any, cost_s: float = 0.0002, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cost_s = cost_s
+
+    def step(self, action: Any) -> Any:
+        end = time.perf_counter() + self.cost_s
+        while time.perf_counter() < end:
+            pass
+        return super().step(action)
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer (POSIX)")
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])
+@pytest.mark.parametrize("cost_s", [0.0, 0.0002])
+def test_real_keyboard_interrupts_inside_next_sampler(mode, cost_s):
+    """The issue's experiment: a timer signal raises KeyboardInterrupt at a random moment of
+    ``next(sampler)`` (as Jupyter's stop button does), then iteration goes on. Every row that left
+    the n-step stage and every row in the replay buffer must be right."""
+    rng = np.random.default_rng(8)
+    layouts = [[(int(rng.integers(1, 6)), (TERM, TRUNC, BOTH)[rng.integers(3)]) for _ in range(30)] for _ in range(3)]
+    fns = [functools.partial(SlowEnv, i, layout, reward_seed=8, cost_s=cost_s) for i, layout in enumerate(layouts)]
+    env = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode(mode))
+    n, gamma = 3, 0.9
+    nstep = NStepTransform(ExperienceSource(env, Agent(3, seed=8), seed=8), n, gamma)
+    recorder = Recorder(nstep)
+    replay = ReplayBuffer(recorder, capacity=100_000, warmup=8, transitions_per_yield=2)
+    sampler = ptl_rl.BatchSampler(replay, batch_size=4)
+    armed = [False]
+
+    def interrupt(signum: int, frame: Any) -> None:
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    interrupts = 0
+    try:
+        for _ in range(60):
+            armed[0] = True
+            signal.setitimer(signal.ITIMER_REAL, float(rng.uniform(1e-5, 2e-3)))
+            try:
+                for _ in range(40):
+                    next(sampler)
+                armed[0] = False
+            except KeyboardInterrupt:
+                interrupts += 1
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert interrupts >= 30  # most trials were interrupted
+    next(sampler)
+    records = env_attr(env, "record")
+    check_rows([*recorder.batches, nstep.flush()], records, n, gamma)
+    check_rows([replay.storage.gather(np.arange(len(replay)))], records, n, gamma)
 
 
 # ---------------------------------------------------------------------- peeking
