@@ -369,6 +369,8 @@ class NStepTransform:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._sized_for_source = False  # the restored windows may be sized for fewer envs than the upstream has
+        self._upstream_seq = None  # the next upstream batch is no gap: there is nothing to continue
+        self._in_fold = False
         if state["window"] is None:
             self._window = None
             self._flush_on_next = False
@@ -382,8 +384,6 @@ class NStepTransform:
         last_next_obs = tree_map(to_np, state["last_next_obs"])
         self._next_obs = tree_map(lambda a: np.zeros((len(a) * self.n, *a.shape[1:]), a.dtype), last_next_obs)
         _assign(self._next_obs, self._last_slots(), last_next_obs)
-        self._upstream_seq = None
-        self._in_fold = False
         self._scratch = np.zeros(len(self._length), dtype=np.int64)
         self._window_rows, self._no_end, self._full_discount = self._constants(len(self._length))
         self._flush_on_next = True

@@ -388,10 +388,7 @@ class ExperienceSource:
         next_obs = self._final_obs_from_info(obs, done, info) if any_done and self.autoreset_mode == SAME_STEP else obs
         reward = np.asarray(reward, dtype=np.float32)
         if self.check_finite:
-            self._check_finite(reward, "reward")
-            self._check_finite(next_obs, "next_obs")
-            if next_obs is not obs:  # same-step resets: the reset observations are only in obs
-                self._check_finite(obs, "reset observation")
+            self._check_step_finite(reward, next_obs, obs)
         batch = TransitionBatch(
             {
                 "obs": self._obs,
@@ -478,6 +475,19 @@ class ExperienceSource:
             self._check_finite(self._obs, "reset observation")
 
     # ------------------------------------------------------------------ failures
+    def _check_step_finite(self, reward: np.ndarray, next_obs: Any, obs: Any) -> None:
+        """Check a step's rewards (float32 [N]) and observations; one ``isfinite`` on the common path."""
+        if type(next_obs) is np.ndarray and next_obs is obs:  # array observations, no same-step reset
+            probe = reward.dot(_zeros(len(reward), reward.dtype))
+            if next_obs.dtype.kind == "f":
+                probe += next_obs.reshape(-1).dot(_zeros(next_obs.size, next_obs.dtype))
+            if math.isfinite(probe):
+                return
+        self._check_finite(reward, "reward")
+        self._check_finite(next_obs, "next_obs")
+        if next_obs is not obs:  # same-step resets: the reset observations are only in obs
+            self._check_finite(obs, "reset observation")
+
     def _check_finite(self, tree: Any, field: str) -> None:
         """Raise ``FloatingPointError`` if a float leaf of ``tree`` ([N, ...]) holds NaN or inf."""
         bad = _finite_or_none(tree)
