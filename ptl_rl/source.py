@@ -211,6 +211,9 @@ class ExperienceSource:
         self._discount = np.full(n, self.gamma, dtype=np.float32)
         self._env_ids.flags.writeable = self._discount.flags.writeable = False
         self._no_env = np.zeros(n, dtype=bool)
+        # zeros to dot with: 0 * x is 0 for finite x and NaN for NaN and inf (see _finite_or_none)
+        self._reward_zeros = np.zeros(n, dtype=np.float32)
+        self._obs_zeros: np.ndarray | None = None  # sized at the first step with array observations
         self._episode_return = np.zeros(n, dtype=np.float64)
         self._episode_length = np.zeros(n, dtype=np.int64)
         self._obs: Any = None
@@ -477,12 +480,16 @@ class ExperienceSource:
     # ------------------------------------------------------------------ failures
     def _check_step_finite(self, reward: np.ndarray, next_obs: Any, obs: Any) -> None:
         """Check a step's rewards (float32 [N]) and observations; one ``isfinite`` on the common path."""
-        if type(next_obs) is np.ndarray and next_obs is obs:  # array observations, no same-step reset
-            probe = reward.dot(_zeros(len(reward), reward.dtype))
-            if next_obs.dtype.kind == "f":
-                probe += next_obs.reshape(-1).dot(_zeros(next_obs.size, next_obs.dtype))
+        zeros = self._obs_zeros
+        if next_obs is obs and zeros is not None and type(obs) is np.ndarray and obs.size == zeros.size:
+            # array observations, no same-step reset: two dot products with zeros, one isfinite
+            probe = reward.dot(self._reward_zeros)
+            if obs.dtype.kind == "f":
+                probe += obs.reshape(-1).dot(zeros)
             if math.isfinite(probe):
                 return
+        elif zeros is None and type(obs) is np.ndarray:
+            self._obs_zeros = np.zeros(obs.size, dtype=obs.dtype if obs.dtype.kind == "f" else np.float32)
         self._check_finite(reward, "reward")
         self._check_finite(next_obs, "next_obs")
         if next_obs is not obs:  # same-step resets: the reset observations are only in obs

@@ -513,6 +513,41 @@ def test_non_finite_values_raise_naming_field_and_sub_env(field, value, name):
         assert np.isfinite(out["reward"]).all() and np.isfinite(out["next_obs"]["pos"]).all()
 
 
+class FloatObsEnv(gym.Env):
+    """Box float32 observations (the fast path of the check); ``value`` in the obs or reward at step ``at``."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, at: int = -1, field: str = "obs", value: float = float("nan")) -> None:
+        self.at, self.field, self.value, self.t = at, field, value, 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.t += 1
+        obs, reward = np.full(3, self.t, np.float32), 1.0
+        if self.t == self.at:
+            obs[1] = self.value if self.field == "obs" else obs[1]
+            reward = self.value if self.field == "reward" else reward
+        return obs, reward, self.t % 7 == 0, False, {}
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])
+@pytest.mark.parametrize(("field", "name"), [("obs", "next_obs"), ("reward", "reward")])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_in_float_array_observations(mode, field, name, value):
+    fns = [functools.partial(FloatObsEnv, at=5 if i == 1 else -1, field=field, value=value) for i in range(2)]
+    env = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode(mode))
+    source = ExperienceSource(env, lambda obs: np.zeros(len(obs), dtype=np.int64), seed=0, rank=1)
+    for _ in range(4):
+        next(source)
+    with pytest.raises(FloatingPointError, match=rf"non-finite {name} .*sub-env\(s\) \[1\] \(env_id \[3\]\)"):
+        next(source)
+    assert np.isfinite(next(source)["next_obs"]).all()
+
+
 def test_non_finite_check_can_be_turned_off():
     env = non_finite_env("reward", float("nan"))
     source = ExperienceSource(env, Agent(3), seed=0, check_finite=False)
