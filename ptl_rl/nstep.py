@@ -11,6 +11,16 @@ A window is emitted when it holds ``n`` steps, or when its episode ends inside
 it: then every shorter tail window is emitted as well, carrying the
 ``terminated`` / ``truncated`` flags of the last step. A learner's target is
 always ``reward + discount * (1 - terminated) * V(next_obs)``.
+
+Robustness (see docs/design/robustness.md): the windows only change in one
+statement at the end of a fold (the commit), so an interrupted ``next()`` or
+``fold()`` leaves them as they were before or after it. Steps may still be
+lost (the batch being folded, the rows being emitted), so the next call first
+flushes every window as truncated: it bootstraps from the real ``next_obs`` of
+the window's last step, and no window is ever continued across lost steps.
+The same happens when the upstream's ``stream_seq`` skips a number (an
+:class:`~ptl_rl.source.ExperienceSource` that reset its envs, or batches
+pulled from it by someone else). ``n=1`` is a pass-through.
 """
 
 from __future__ import annotations
@@ -43,6 +53,15 @@ class NStepTransform:
     (``obs``, ``action``, agent extras) are taken from the first step of the
     window; ``reward`` becomes the discounted sum (float32). The incoming
     ``discount`` is replaced by ``gamma**k`` (float32).
+
+    With ``n=1`` every row is emitted at once: the output shares the input's
+    arrays (no copy) except ``reward`` (cast to float32 where needed) and
+    ``discount`` (set to ``gamma``).
+
+    If the upstream has a ``stream_seq`` attribute (an ExperienceSource), a
+    batch whose number is not one more than the previous one's means steps are
+    missing between them: the windows in flight are then emitted as truncated
+    before that batch is folded.
     """
 
     def __init__(self, upstream: Iterator[TransitionBatch] | None, n: int, gamma: float) -> None:
@@ -68,11 +87,16 @@ class NStepTransform:
         # field -> [E * n, ...] arrays: step j of env e's ring sits in row e * n + j (one flat index per
         # row makes every gather a single ndarray.take)
         self._window: dict[str, Any] | None = None
-        self._last_next_obs: Any = None  # [E, ...], for flushing windows after a restore
+        # [E * n, ...]: next_obs of each step held, so a window can be flushed from its own last step
+        self._next_obs: Any = None
         self._head = np.zeros(0, dtype=np.int64)  # next write position per env
         self._length = np.zeros(0, dtype=np.int64)  # steps held per env
         self._flush_on_next = False
         self._sized_for_source = False
+        # set while a fold is under way: still set on entry means the previous call was interrupted
+        self._in_fold = False
+        self._upstream_seq: int | None = None  # stream_seq of the last upstream batch folded
+        self._gamma_column = _read_only(np.zeros(0, dtype=np.float32))  # n=1: the discount column
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> NStepTransform:
@@ -82,7 +106,11 @@ class NStepTransform:
         if self.upstream is None:
             raise TypeError("this NStepTransform has no upstream; call fold(batch) instead")
         while True:
-            out = self.fold(next(self.upstream), one_row_per_env=self._upstream_one_row_per_env)
+            batch = next(self.upstream)
+            seq = getattr(self.upstream, "stream_seq", None)
+            # a skipped number: steps between the last batch folded and this one never reached us
+            gap = seq is not None and self._upstream_seq is not None and seq != self._upstream_seq + 1
+            out = self._fold_step(batch, self._upstream_one_row_per_env, gap, seq)
             if out is not None:
                 return out
 
@@ -95,14 +123,45 @@ class NStepTransform:
         After :meth:`load_state_dict` the restored windows are emitted first, as
         truncated (see :meth:`flush`): the rows of ``batch`` start new episodes.
         """
-        restored = None
-        if self._flush_on_next:
-            self._flush_on_next = False
-            restored = self.flush()
-        out = self._fold_batch(batch, one_row_per_env) if len(batch) else None
-        if restored is None or out is None:
-            return out if restored is None else restored
-        return TransitionBatch.concat([restored, out])
+        return self._fold_step(batch, one_row_per_env, False, None)
+
+    def _fold_step(
+        self, batch: TransitionBatch, one_row_per_env: bool, gap: bool, seq: int | None
+    ) -> TransitionBatch | None:
+        # The windows are flushed (emitted as truncated) when they cannot be continued by this
+        # batch: after a restore, after a gap upstream, and after an interrupted call (its commits
+        # are atomic, so the windows are consistent, but the steps that followed them are lost).
+        # The flag is set before anything changes, so an interruption from here on is seen next time.
+        must_flush = self._in_fold or self._flush_on_next or gap
+        self._in_fold = True
+        if seq is not None:
+            self._upstream_seq = seq
+        flushed = self.flush() if must_flush else None
+        self._flush_on_next = False
+        if not len(batch):
+            out = None
+        elif self.n == 1:
+            out = self._pass_through(batch)
+        else:
+            out = self._fold_batch(batch, one_row_per_env)
+        if flushed is not None and out is not None:
+            out = TransitionBatch.concat([flushed, out])
+        elif out is None:
+            out = flushed
+        self._in_fold = False
+        return out
+
+    def _pass_through(self, batch: TransitionBatch) -> TransitionBatch:
+        """n=1: every step is its own window; only ``reward`` (float32) and ``discount`` (gamma) change."""
+        rows = len(batch)
+        if len(self._gamma_column) < rows:
+            self._gamma_column = _read_only(np.full(max(rows, 2 * len(self._gamma_column)), self.gamma, np.float32))
+        fields = dict(batch.items())
+        reward = fields["reward"]
+        if type(reward) is not np.ndarray or reward.dtype != np.float32:
+            fields["reward"] = np.asarray(reward, dtype=np.float32)
+        fields["discount"] = self._gamma_column[:rows]
+        return TransitionBatch(fields)
 
     def _fold_batch(self, batch: TransitionBatch, one_row_per_env: bool) -> TransitionBatch | None:
         env_id = np.asarray(batch["env_id"])
@@ -126,44 +185,55 @@ class NStepTransform:
         if len(envs) == 0:
             return None
         zeros = np.zeros(len(envs), dtype=bool)
-        ends = {"next_obs": _take(self._last_next_obs, envs), "terminated": zeros, "truncated": ~zeros}
-        out = self._emit(envs, self._length[envs], ~zeros, ends, np.arange(len(envs)))
-        self._length[envs] = 0
+        head = self._head[envs]
+        last = envs * self.n + (head - 1) % self.n  # the slot of each window's last step
+        ends = {"next_obs": _take(self._next_obs, last), "terminated": zeros, "truncated": ~zeros}
+        out = self._emit(envs, head, self._length[envs], ~zeros, ends, np.arange(len(envs)))
+        self._length[envs] = 0  # the commit: one statement
         return out
 
     def _fold_unique(self, batch: TransitionBatch, env: np.ndarray) -> TransitionBatch | None:
         n = self.n
         head = self._head[env]
         slots = env * n + head
+        # The slot at head is free (a window holds at most n - 1 steps between calls), so these
+        # writes change nothing a window holds until head and length are committed below.
         for name, store in self._window.items():
             _assign(store, slots, batch[name])
-        _assign(self._last_next_obs, env, batch["next_obs"])
-        self._head[env] = self._next_position[head]
+        _assign(self._next_obs, slots, batch["next_obs"])
+        head = self._next_position[head]
         length = self._length[env] + 1
-        self._length[env] = length
 
         done = batch["terminated"] | batch["truncated"]
         if not np.count_nonzero(done):  # the common step: only full windows, no tails
             full = length == n
             emitting = np.count_nonzero(full)
             if emitting == len(env):
-                return self._emit_full(env, batch["next_obs"])
-            if not emitting:
-                return None
-            rows = full.nonzero()[0]
-            return self._emit_full(env[rows], _take(batch["next_obs"], rows))
-        emit = done | (length == n)
-        rows = emit.nonzero()[0]
-        if len(rows) < len(env):
-            env, length, done = env[rows], length[rows], done[rows]
-        out = self._emit(env, length, done, batch, rows)
-        # a full window drops its oldest step; an ended episode empties its window
-        self._length[env] = np.where(done, 0, length - 1)
+                out = self._emit_full(env, head, batch["next_obs"])
+                length -= 1  # a full window drops its oldest step
+            elif not emitting:
+                out = None
+            else:
+                rows = full.nonzero()[0]
+                out = self._emit_full(env[rows], head[rows], _take(batch["next_obs"], rows))
+                length -= full
+        else:
+            full = length == n
+            rows = (done | full).nonzero()[0]
+            if len(rows) < len(env):
+                out = self._emit(env[rows], head[rows], length[rows], done[rows], batch, rows)
+            else:
+                out = self._emit(env, head, length, done, batch, rows)
+            # a full window drops its oldest step; an ended episode empties its window
+            length = np.where(done, 0, length - full)
+        # The commit, in one statement without Python calls in between: an interrupt lands before
+        # it (this step is lost, the windows are as they were) or after it (all is recorded).
+        self._head[env], self._length[env] = head, length
         return out
 
-    def _emit_full(self, env: np.ndarray, next_obs: Any) -> TransitionBatch:
-        """Emit the full oldest window of each env in ``env`` (none of them ended) and drop its oldest step."""
-        first = env * self.n + self._head[env]  # a full window's oldest step sits where the next write goes
+    def _emit_full(self, env: np.ndarray, head: np.ndarray, next_obs: Any) -> TransitionBatch:
+        """The full oldest window of each env in ``env`` (none of them ended); ``head`` is after this step."""
+        first = env * self.n + head  # a full window's oldest step sits where the next write goes
         rows = len(env)
         out: dict[str, Any] = {}
         for name, store in self._window.items():
@@ -173,19 +243,25 @@ class NStepTransform:
         out["terminated"] = out["truncated"] = self._no_end[:rows]
         out["discount"] = self._full_discount[:rows]
         out["env_id"] = env
-        self._length[env] = self.n - 1
         return TransitionBatch(out)
 
     def _emit(
-        self, env: np.ndarray, length: np.ndarray, whole: np.ndarray, ends: Any, end_rows: np.ndarray
+        self,
+        env: np.ndarray,
+        head: np.ndarray,
+        length: np.ndarray,
+        whole: np.ndarray,
+        ends: Any,
+        end_rows: np.ndarray,
     ) -> TransitionBatch:
-        """Emit windows of the envs ``env`` holding ``length`` steps each.
+        """Emit windows of the envs ``env`` holding ``length`` steps each, ending before ``head``.
 
         Where ``whole`` is true every tail window is emitted (an episode end);
         elsewhere only the full oldest window. ``ends[k][end_rows]`` holds the
         ``next_obs``/``terminated``/``truncated`` of each env's last step.
+        Changes no state.
         """
-        oldest = (self._head[env] - length) % self.n
+        oldest = (head - length) % self.n
         slots = (env * self.n)[:, None] + self._positions[oldest]  # [R, n] window rows, oldest first
         rewards = self._window["reward"].take(slots) * self._held[length]
         tail_sums = rewards @ self._fold.T  # [R, n]: discounted sum of the window tail starting at step j
@@ -227,13 +303,16 @@ class NStepTransform:
 
     # ------------------------------------------------------------------ storage
     def _ensure_capacity(self, batch: TransitionBatch, num_envs: int) -> None:
-        if self._window is None:
+        # Everything is built in locals and assigned in one statement: an interrupt during a
+        # growth leaves the old, consistent storage (window, head, length and the tables sized alike).
+        window, next_obs = self._window, self._next_obs
+        if window is None:
             names = [name for name in batch.keys() if name not in _STEP_END_FIELDS]
-            self._window = {
+            window = {
                 name: tree_map(lambda a: np.zeros((0, *a.shape[1:]), dtype=a.dtype), batch[name]) for name in names
             }
-            self._last_next_obs = tree_map(lambda a: np.zeros((0, *a.shape[1:]), dtype=a.dtype), batch["next_obs"])
-        if num_envs <= len(self._length):
+            next_obs = tree_map(lambda a: np.zeros((0, *a.shape[1:]), dtype=a.dtype), batch["next_obs"])
+        elif num_envs <= len(self._length):
             return
         size = max(num_envs, 2 * len(self._length))
         grow = size - len(self._length)
@@ -241,21 +320,30 @@ class NStepTransform:
         def grown(a: np.ndarray, rows_per_env: int = 1) -> np.ndarray:
             return np.concatenate([a, np.zeros((grow * rows_per_env, *a.shape[1:]), dtype=a.dtype)])
 
-        self._window = {name: tree_map(lambda a: grown(a, self.n), store) for name, store in self._window.items()}
-        self._last_next_obs = tree_map(grown, self._last_next_obs)
-        self._head = grown(self._head)
-        self._length = grown(self._length)
-        self._scratch = np.zeros(size, dtype=np.int64)
-        self._allocate_constants(size)
-
-    def _allocate_constants(self, size: int) -> None:
-        # [e * n + oldest] -> the window's rows, oldest first
-        self._window_rows = (np.arange(size)[:, None, None] * self.n + self._positions[None]).reshape(
-            size * self.n, self.n
+        window = {name: tree_map(lambda a: grown(a, self.n), store) for name, store in window.items()}
+        next_obs = tree_map(lambda a: grown(a, self.n), next_obs)
+        head, length = grown(self._head), grown(self._length)
+        window_rows, no_end, full_discount = self._constants(size)
+        # one C-level call: the attributes change together or not at all
+        self.__dict__.update(
+            _window=window,
+            _next_obs=next_obs,
+            _head=head,
+            _length=length,
+            _scratch=np.zeros(size, dtype=np.int64),
+            _window_rows=window_rows,
+            _no_end=no_end,
+            _full_discount=full_discount,
         )
+
+    def _constants(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Tables for ``size`` envs: window rows by first slot, the no-end flags and the full discount."""
+        # [e * n + oldest] -> the window's rows, oldest first
+        window_rows = (np.arange(size)[:, None, None] * self.n + self._positions[None]).reshape(size * self.n, self.n)
         # shared by every emitted batch, so read-only: a consumer that writes to one fails loudly
-        self._no_end = _read_only(np.zeros(size, dtype=bool))
-        self._full_discount = _read_only(np.full(size, self._discounts[self.n], dtype=np.float32))
+        no_end = _read_only(np.zeros(size, dtype=bool))
+        full_discount = _read_only(np.full(size, self._discounts[self.n], dtype=np.float32))
+        return window_rows, no_end, full_discount
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -271,13 +359,19 @@ class NStepTransform:
         to_t = lambda a: torch.from_numpy(a.copy())  # noqa: E731
         return {
             "window": {name: tree_map(to_t, store) for name, store in self._window.items()},
-            "last_next_obs": tree_map(to_t, self._last_next_obs),
+            "last_next_obs": tree_map(to_t, _take(self._next_obs, self._last_slots())),
             "head": to_t(self._head),
             "length": to_t(self._length),
         }
 
+    def _last_slots(self) -> np.ndarray:
+        """[E]: the ring slot of each env's most recent step."""
+        return np.arange(len(self._head)) * self.n + (self._head - 1) % self.n
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._sized_for_source = False  # the restored windows may be sized for fewer envs than the upstream has
+        self._upstream_seq = None  # the next upstream batch is no gap: there is nothing to continue
+        self._in_fold = False
         if state["window"] is None:
             self._window = None
             self._flush_on_next = False
@@ -286,11 +380,13 @@ class NStepTransform:
             return
         to_np = lambda t: t.numpy().copy()  # noqa: E731
         self._window = {name: tree_map(to_np, store) for name, store in state["window"].items()}
-        self._last_next_obs = tree_map(to_np, state["last_next_obs"])
         self._head = to_np(state["head"])
         self._length = to_np(state["length"])
+        last_next_obs = tree_map(to_np, state["last_next_obs"])
+        self._next_obs = tree_map(lambda a: np.zeros((len(a) * self.n, *a.shape[1:]), a.dtype), last_next_obs)
+        _assign(self._next_obs, self._last_slots(), last_next_obs)
         self._scratch = np.zeros(len(self._length), dtype=np.int64)
-        self._allocate_constants(len(self._length))
+        self._window_rows, self._no_end, self._full_discount = self._constants(len(self._length))
         self._flush_on_next = True
 
     # ------------------------------------------------------------------ repr

@@ -13,10 +13,20 @@ reset and ``next_obs`` is always the real final observation of an episode:
   that sub-env; its row is dropped from the batch.
 * same-step: the final observation is taken from ``info["final_obs"]``.
 * disabled: the source resets finished sub-envs itself with ``reset_mask``.
+
+Robustness (see docs/design/robustness.md): a ``next()`` that is interrupted
+(KeyboardInterrupt, an exception in the env or the agent, a non-finite value)
+leaves the source marked as mid-step; the following ``next()`` resets every
+sub-env before stepping, so no row ever continues an episode whose step was
+lost. :attr:`ExperienceSource.stream_seq` numbers the yielded batches and
+skips a number at every such reset, so downstream stages can tell that the
+envs' streams were cut.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -30,6 +40,7 @@ from ptl_rl.reprs import env_name, stage_repr
 
 NEXT_STEP, SAME_STEP, DISABLED = "NextStep", "SameStep", "Disabled"
 _AUTORESET_MODES = (NEXT_STEP, SAME_STEP, DISABLED)
+_ASYNC_DRAIN_TIMEOUT_S = 10.0  # how long an interrupted AsyncVectorEnv call may take to finish
 
 
 class Episode(NamedTuple):
@@ -76,6 +87,31 @@ def _bool_array(flags: Any) -> np.ndarray:
     if type(flags) is np.ndarray and flags.dtype == np.bool_:
         return flags  # what gymnasium's vector envs return: no conversion call on the hot path
     return np.asarray(flags, dtype=bool)
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros(size: int, dtype: np.dtype) -> np.ndarray:
+    return np.zeros(size, dtype=dtype)
+
+
+def _finite_or_none(tree: Any) -> tuple[str, np.ndarray] | None:
+    """The first float leaf of ``tree`` ([N, ...] arrays) holding NaN or inf, as ``(path, bad rows)``; else ``None``.
+
+    Fast path: one dot product with zeros per float leaf: ``0 * x`` is 0 for every finite ``x``
+    (it cannot overflow) and NaN for NaN and inf. Only when that is not 0 are the rows examined.
+    """
+    if type(tree) is np.ndarray:  # the common case, without walking a tree
+        if tree.dtype.kind != "f" or tree.size == 0:
+            return None
+        if math.isfinite(tree.reshape(-1).dot(_zeros(tree.size, tree.dtype))):
+            return None
+        rows = (~np.isfinite(tree.reshape(len(tree), -1))).any(axis=1).nonzero()[0]
+        return ("", rows) if len(rows) else None
+    for path, leaf in tree_leaves(tree):
+        bad = _finite_or_none(np.asarray(leaf))
+        if bad is not None:
+            return path, bad[1]
+    return None
 
 
 def _copy_tree(tree: Any) -> Any:
@@ -127,6 +163,13 @@ class ExperienceSource:
         autoreset_mode: ``"NextStep"``, ``"SameStep"`` or ``"Disabled"``;
             read from ``env.metadata["autoreset_mode"]`` when omitted.
         stats_window: how many recent episodes :meth:`episode_stats` averages.
+        max_pending_episodes: how many finished episodes :meth:`pop_episodes`
+            keeps for its next call; older ones are discarded (their statistics
+            still count in :meth:`episode_stats` and ``episodes_finished``), so a
+            run that never pops does not grow without bound.
+        check_finite: raise a ``FloatingPointError`` naming the field and the
+            sub-env when a reward or a float observation is NaN or infinite
+            (one dot product per field and step). ``False`` turns the check off.
 
     Each yielded batch has ``B <= N`` rows (a sub-env that is only resetting
     contributes none) with fields ``obs [B, *obs_shape]``, ``action
@@ -143,6 +186,13 @@ class ExperienceSource:
 
     one_row_per_env = True  # each yielded batch holds at most one transition per sub-env
 
+    stream_seq: int
+    """Sequence number of the last yielded batch. It grows by one per batch and skips a number
+    whenever the sub-envs were all reset outside their episodes' course (the first step, the
+    step after an interrupted one, after :meth:`load_state_dict`): a consumer that saw batch
+    ``s`` and then gets one numbered other than ``s + 1`` knows that the envs' streams were cut
+    (or that someone else pulled batches in between) and must not join steps across the cut."""
+
     def __init__(
         self,
         env: Any,
@@ -154,13 +204,18 @@ class ExperienceSource:
         autoreset_mode: str | None = None,
         stats_window: int = 100,
         cast_float64: bool = True,
+        max_pending_episodes: int = 10_000,
+        check_finite: bool = True,
     ) -> None:
         _check_env_api(env)
         if not callable(agent):
             raise TypeError(f"agent must be callable as agent(obs) -> actions, got {type(agent).__name__}")
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+        if max_pending_episodes < 1:
+            raise ValueError(f"max_pending_episodes must be >= 1, got {max_pending_episodes}")
         self.env = env
+        self.check_finite = bool(check_finite)
         self.agent = agent
         self.gamma = float(gamma)
         self.seed = seed
@@ -186,16 +241,22 @@ class ExperienceSource:
         self._discount = np.full(n, self.gamma, dtype=np.float32)
         self._discount.flags.writeable = False
         self._no_env = np.zeros(n, dtype=bool)
+        # zeros to dot with: 0 * x is 0 for finite x and NaN for NaN and inf (see _finite_or_none)
+        self._reward_zeros = np.zeros(n, dtype=np.float32)
+        self._obs_zeros: np.ndarray | None = None  # sized at the first step with array observations
         self._episode_return = np.zeros(n, dtype=np.float64)
         self._episode_length = np.zeros(n, dtype=np.int64)
         self._obs: Any = None
         self._fresh = np.ones(n, dtype=bool)  # envs whose current obs starts an episode
         self._resetting = np.zeros(n, dtype=bool)  # next-step mode: the next step only resets these
         self._reset_count = 0
+        # set while a step is under way: still set on entry means the previous next() was interrupted
+        self._in_step = False
+        self.stream_seq = 0
 
         self.total_steps = 0
         self.episodes_finished = 0
-        self._pending_episodes: list[Episode] = []
+        self._pending_episodes: deque[Episode] = deque(maxlen=int(max_pending_episodes))
         self._recent: deque[Episode] = deque(maxlen=stats_window)
 
     # ------------------------------------------------------------------ iteration
@@ -203,11 +264,19 @@ class ExperienceSource:
         return self
 
     def __next__(self) -> TransitionBatch:
-        if self._obs is None:
+        # A previous next() that did not finish (KeyboardInterrupt, an exception in the env or
+        # the agent) may have stepped some sub-envs without recording it: the only state known
+        # to be right is a fresh episode in every sub-env. The flag is set before the reset, so
+        # an interrupted reset is redone too.
+        restart = self._in_step or self._obs is None
+        self._in_step = True
+        if restart:
             self._reset_all()
         while True:
             batch = self._step()
             if batch is not None:
+                self.stream_seq += 1
+                self._in_step = False
                 return batch
 
     # ------------------------------------------------------------------ rank
@@ -247,8 +316,13 @@ class ExperienceSource:
         return list(self._recent)
 
     def pop_episodes(self) -> list[Episode]:
-        """Episodes finished since the last call (each returned once)."""
-        episodes, self._pending_episodes = self._pending_episodes, []
+        """Episodes finished since the last call (each returned once), oldest first.
+
+        At most ``max_pending_episodes`` are kept between calls: when more finish, the oldest
+        are dropped from this list (not from :meth:`episode_stats`).
+        """
+        episodes = list(self._pending_episodes)
+        self._pending_episodes.clear()
         return episodes
 
     def episode_stats(self) -> dict[str, float]:
@@ -286,7 +360,7 @@ class ExperienceSource:
         self._reset_count = int(state["reset_count"])
         self._recent.clear()
         self._recent.extend(Episode(float(r), int(n), int(e), int(t)) for r, n, e, t in state["recent"])
-        self._pending_episodes = []
+        self._pending_episodes.clear()
         self._obs = None  # forces a fresh reset of every sub-env on the next step
         if "agent" in state:  # exploration resumes where it was: epsilon, noise scale, RNG states
             self.agent.load_state_dict(state["agent"])
@@ -300,8 +374,12 @@ class ExperienceSource:
         return [base + i for i in range(self.num_envs)]
 
     def _reset_all(self) -> None:
+        self._check_env_usable()
+        # a cut in every env's stream: downstream stages must not join steps across it
+        self.stream_seq += 1
         seeds = self._reset_seeds()
         if self.is_vector:
+            self._finish_pending_async_call()
             result = self.env.reset(seed=seeds)
         else:
             result = self.env.reset(seed=None if seeds is None else seeds[0])
@@ -312,6 +390,8 @@ class ExperienceSource:
             )
         obs = result[0]
         self._obs = self._own_obs(obs)
+        if self.check_finite:
+            self._check_finite(self._obs, "reset observation")
         self._reset_count += 1
         self._fresh = np.ones(self.num_envs, dtype=bool)
         self._resetting = self._no_env
@@ -362,7 +442,11 @@ class ExperienceSource:
         return extras
 
     def _env_step(self, actions: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
-        result = self.env.step(actions if self.is_vector else actions[0])
+        try:
+            result = self.env.step(actions if self.is_vector else actions[0])
+        except Exception as exc:
+            self._note_failed_sub_env(exc)
+            raise
         if len(result) != 5:
             raise TypeError(
                 f"env.step() returned {len(result)} values; gymnasium envs return "
@@ -381,11 +465,14 @@ class ExperienceSource:
         done = terminated | truncated
         any_done = np.count_nonzero(done) > 0
         next_obs = self._final_obs_from_info(obs, done, info) if any_done and self.autoreset_mode == SAME_STEP else obs
+        reward = np.asarray(reward, dtype=np.float32)
+        if self.check_finite:
+            self._check_step_finite(reward, next_obs, obs)
         batch = TransitionBatch(
             {
                 "obs": self._obs,
                 "action": actions,
-                "reward": np.asarray(reward, dtype=np.float32),
+                "reward": reward,
                 "next_obs": next_obs,
                 "terminated": terminated,
                 "truncated": truncated,
@@ -461,6 +548,99 @@ class ExperienceSource:
         elif self.autoreset_mode == DISABLED:
             obs, _ = self.env.reset(options={"reset_mask": done.copy()})
             self._obs = self._own_obs(obs)
+        else:
+            return  # same-step: the vector env reset them itself, and _step checked those observations
+        if self.check_finite:
+            self._check_finite(self._obs, "reset observation")
+
+    # ------------------------------------------------------------------ failures
+    def _check_step_finite(self, reward: np.ndarray, next_obs: Any, obs: Any) -> None:
+        """Check a step's rewards (float32 [N]) and observations; one ``isfinite`` on the common path."""
+        zeros = self._obs_zeros
+        if next_obs is obs and zeros is not None and type(obs) is np.ndarray and obs.size == zeros.size:
+            # array observations, no same-step reset: two dot products with zeros, one isfinite
+            probe = reward.dot(self._reward_zeros)
+            if obs.dtype.kind == "f":
+                probe += obs.reshape(-1).dot(zeros)
+            if math.isfinite(probe):
+                return
+        elif zeros is None and type(obs) is np.ndarray:
+            self._obs_zeros = np.zeros(obs.size, dtype=obs.dtype if obs.dtype.kind == "f" else np.float32)
+        self._check_finite(reward, "reward")
+        self._check_finite(next_obs, "next_obs")
+        if next_obs is not obs:  # same-step resets: the reset observations are only in obs
+            self._check_finite(obs, "reset observation")
+
+    def _check_finite(self, tree: Any, field: str) -> None:
+        """Raise ``FloatingPointError`` if a float leaf of ``tree`` ([N, ...]) holds NaN or inf."""
+        bad = _finite_or_none(tree)
+        if bad is None:
+            return
+        path, rows = bad
+        name = f"{field}.{path}" if path else field
+        sub_envs = rows.tolist()
+        raise FloatingPointError(
+            f"non-finite {name} (NaN or inf) from sub-env(s) {sub_envs} (env_id {self._env_ids[rows].tolist()}) "
+            f"at env step {self.total_steps}; stored, it would silently turn the network's weights into NaN. "
+            "Fix the env (or wrap it so it clips or replaces such values), or pass check_finite=False to "
+            "ExperienceSource to turn this check off. The next next() resets every sub-env."
+        )
+
+    def _note_failed_sub_env(self, exc: BaseException) -> None:
+        """Add a note naming the sub-env whose ``step()`` raised ``exc``, where that can be known."""
+        index = None
+        pipes = getattr(self.env, "parent_pipes", None)
+        if pipes is not None:  # AsyncVectorEnv: gymnasium shuts down (pipe None) the worker that raised
+            failed = [i for i, pipe in enumerate(pipes) if pipe is None]
+            index = failed[0] if failed else None
+        else:  # SyncVectorEnv: the frame of the sub-env's step() is in the traceback
+            sub_envs = getattr(self.env, "envs", None) or ([self.env] if not self.is_vector else [])
+            tb = exc.__traceback__
+            while tb is not None and index is None:
+                owner = tb.tb_frame.f_locals.get("self")
+                index = next((i for i, e in enumerate(sub_envs) if owner is e), None)
+                tb = tb.tb_next
+        if index is None or not hasattr(exc, "add_note"):
+            return
+        note = f"ptl_rl: raised in step() of sub-env {index} (env_id {int(self._env_ids[index])}). "
+        if pipes is not None:
+            note += (
+                "gymnasium has shut that worker down, so this AsyncVectorEnv cannot step again: "
+                "build a new env and a new ExperienceSource."
+            )
+        else:
+            note += "Calling next() again resets every sub-env and carries on."
+        exc.add_note(note)
+
+    def _check_env_usable(self) -> None:
+        pipes = getattr(self.env, "parent_pipes", None) or ()
+        dead = [i for i, pipe in enumerate(pipes) if pipe is None]
+        if getattr(self.env, "closed", False) is True or dead:
+            why = f" (gymnasium shut down the worker of sub-env(s) {dead} after it raised)" if dead else ""
+            raise RuntimeError(
+                f"the env of this ExperienceSource is closed{why} and cannot be stepped again. "
+                "Build a new env and a new ExperienceSource (and re-chain the stages after it); "
+                "the replay buffer and the model can be kept."
+            )
+
+    def _finish_pending_async_call(self) -> None:
+        """After an interrupt between an AsyncVectorEnv's ``*_async`` and ``*_wait`` calls, drop the answers.
+
+        Without this the workers' late answers would sit in the pipes and be read as the answers
+        to the next call (rows from the wrong step).
+        """
+        state = getattr(self.env, "_state", None)
+        value = getattr(state, "value", "default")
+        if value == "default":
+            return
+        try:
+            getattr(self.env, f"{value}_wait")(timeout=_ASYNC_DRAIN_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - the answers are dropped anyway; the reset below decides
+            pass
+        for pipe in getattr(self.env, "parent_pipes", None) or ():
+            while pipe is not None and pipe.poll():
+                pipe.recv()
+        self.env._state = type(state)("default")
 
     # ------------------------------------------------------------------ repr
     def __repr__(self) -> str:

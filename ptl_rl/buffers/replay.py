@@ -75,6 +75,9 @@ class ReplayBuffer:
         self.replacement = bool(replacement)
         self.passes = ShuffledPasses()  # the order of sampling without replacement
         self._credit = 0  # transitions collected but not yet spent on a yield
+        # (cursor, size, total_added, batch) while an add is under way: still set on entry means the
+        # previous add was interrupted, possibly between two fields of a row (see add)
+        self._unfinished_add: tuple[int, int, int, TransitionBatch] | None = None
 
     def __len__(self) -> int:
         return len(self.storage)
@@ -102,8 +105,27 @@ class ReplayBuffer:
 
     # ------------------------------------------------------------------ buffer
     def add(self, batch: TransitionBatch) -> np.ndarray:
-        """Store the ``B`` transitions of ``batch``; returns their slots (int64 [B])."""
-        return self.storage.add(batch)
+        """Store the ``B`` transitions of ``batch``; returns their slots (int64 [B]).
+
+        Interrupt-safe: the storage writes one field after the other, so an interrupt (a
+        KeyboardInterrupt, ...) inside a write can leave a slot with some fields of the new row
+        and some of the row it overwrites. The next ``add`` therefore first rolls the storage's
+        counters back and writes the interrupted batch again, in full, into the same slots.
+        """
+        storage = self.storage
+        if self._unfinished_add is not None:
+            cursor, size, total_added, unfinished = self._unfinished_add
+            storage.cursor, storage.size, storage.total_added = cursor, size, total_added
+            try:
+                storage.add(unfinished)
+            except (TypeError, ValueError):
+                # the storage rejects that batch: that was the error, not an interrupt, and a
+                # rejected batch is refused before anything is written
+                storage.cursor, storage.size, storage.total_added = cursor, size, total_added
+        self._unfinished_add = (storage.cursor, storage.size, storage.total_added, batch)
+        slots = storage.add(batch)
+        self._unfinished_add = None
+        return slots
 
     def sample(self, batch_size: int) -> TransitionBatch:
         """``batch_size`` transitions drawn uniformly with replacement, as numpy arrays [batch_size, ...]."""
@@ -143,6 +165,7 @@ class ReplayBuffer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._unfinished_add = None  # the restored storage replaces whatever was being written
         self.storage.load_state_dict(state["storage"])
         self.rng.bit_generator.state = state["rng"]
         self._credit = int(state["credit"])
