@@ -1,5 +1,6 @@
 """Replay storage and buffers."""
 
+from ptl_rl.buffers.frames import FrameStorage
 from ptl_rl.buffers.prioritized import PrioritizedReplayBuffer, PriorityFeedback
 from ptl_rl.buffers.replay import ReplayBuffer
 from ptl_rl.buffers.rollout import RolloutBuffer
@@ -10,6 +11,7 @@ from ptl_rl.buffers.sumtree import SumTree
 
 __all__ = [
     "ArrayStorage",
+    "FrameStorage",
     "PrioritizedReplayBuffer",
     "PriorityFeedback",
     "ReplayBuffer",
