@@ -13,10 +13,12 @@ the stack and the n-step window; every autoreset mode is run.
 from __future__ import annotations
 
 import functools
+import os
 
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from scripted_env import BOTH, MODES, TERM, TRUNC, ScriptedEnv, obs_code
 
 from ptl_rl import (
@@ -28,7 +30,8 @@ from ptl_rl import (
     SequenceReplayBuffer,
     TransitionBatch,
 )
-from ptl_rl.buffers import ArrayStorage
+from ptl_rl.buffers import ArrayStorage, load_buffer, save_buffer
+from ptl_rl.buffers.persist import MANIFEST, read_manifest
 
 STACK = 4
 LAYOUTS = [
@@ -239,3 +242,70 @@ def test_wrong_n_step_is_reported():
     with pytest.raises(ValueError, match="n_step=1.*NStepTransform"):
         for _ in range(20):
             storage.add(next(stream))
+
+
+# ---------------------------------------------------------------------- persistence
+def filled_buffer(tmp_path, memmap: bool, checkpoint: bool = False):
+    env = make_env("NextStep")
+    stream = NStepTransform(ExperienceSource(env, random_agent(3), seed=4), n=3, gamma=0.9)
+    storage = functools.partial(
+        FrameStorage,
+        stack_axis=0,
+        memmap_dir=tmp_path / "scratch" if memmap else None,
+        checkpoint_dir=tmp_path / "ckpt" if checkpoint else None,
+    )
+    buffer = PrioritizedReplayBuffer(stream, 30, warmup=10, seed=0, storage=storage)
+    for _ in range(25):
+        next(buffer)
+    return buffer, storage
+
+
+@pytest.mark.parametrize("memmap", [False, True])
+def test_save_and_load_directory(tmp_path, memmap):
+    buffer, storage = filled_buffer(tmp_path, memmap)
+    if memmap:
+        assert isinstance(buffer.storage.pool, np.memmap)
+    save_buffer(buffer, tmp_path / "save")
+    restored = PrioritizedReplayBuffer(None, 30, seed=0, storage=functools.partial(FrameStorage, stack_axis=0))
+    load_buffer(restored, tmp_path / "save")
+    every = np.arange(len(buffer))
+    ok = buffer.storage.sampleable(every)
+    assert np.array_equal(ok, restored.storage.sampleable(every))
+    a, b = buffer.storage.gather(every[ok]), restored.storage.gather(every[ok])
+    for name in a.keys():
+        np.testing.assert_array_equal(a[name], b[name])
+    np.testing.assert_array_equal(buffer.priorities(), restored.priorities())
+    assert buffer.rng.bit_generator.state == restored.rng.bit_generator.state
+    # a second save onto the same directory replaces it atomically
+    save_buffer(restored, tmp_path / "save")
+    assert sorted(os.listdir(tmp_path)) == sorted(["save"] + (["scratch"] if memmap else []))
+
+
+def test_half_written_save_is_refused(tmp_path):
+    buffer, _ = filled_buffer(tmp_path, False)
+    target = tmp_path / "save"
+    save_buffer(buffer, target)
+    os.remove(target / MANIFEST)  # as if the process died before the manifest was written
+    fresh = PrioritizedReplayBuffer(None, 30, storage=functools.partial(FrameStorage, stack_axis=0))
+    with pytest.raises(ValueError, match="not a complete save"):
+        load_buffer(fresh, target)
+    save_buffer(buffer, tmp_path / "other")
+    with open(tmp_path / "other" / "pool.npy", "r+b") as f:  # a truncated array file
+        f.truncate(100)
+    with pytest.raises(ValueError, match="damaged"):
+        read_manifest(tmp_path / "other")
+
+
+def test_checkpoint_refers_to_directory(tmp_path):
+    """With checkpoint_dir the state holds a path, not the replay; loading it restores the same contents."""
+    buffer, storage = filled_buffer(tmp_path, True, checkpoint=True)
+    state = buffer.state_dict()
+    assert set(state["storage"]) == {"directory", "save_id"}
+    blob = tmp_path / "state.pt"
+    torch.save(state, blob)
+    assert os.path.getsize(blob) < 100_000  # the replay (frames) is not in it
+    restored = PrioritizedReplayBuffer(None, 30, storage=functools.partial(FrameStorage, stack_axis=0))
+    restored.load_state_dict(torch.load(blob, weights_only=True))
+    every = np.arange(len(buffer))
+    ok = buffer.storage.sampleable(every)
+    np.testing.assert_array_equal(buffer.storage.gather(every[ok])["obs"], restored.storage.gather(every[ok])["obs"])
