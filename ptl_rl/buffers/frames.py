@@ -269,7 +269,7 @@ class FrameStorage:
         if waiting.any():
             w = np.flatnonzero(waiting)
             expected = self._pending_frame[e[w], pos[w]]
-            matches = _rows_equal(expected, frames[w, -1])
+            matches = _rows_equal(expected, frames[:, -1] if len(w) == len(e) else frames[w, -1])
             if not matches.all():
                 raise ValueError(
                     f"next_obs of a stored transition of env {int(e[w][~matches][0])} is not the obs {n} transition(s) "
@@ -314,7 +314,9 @@ class FrameStorage:
             return self._write_frames(frames[:, 0])[:, None]
         cont = np.zeros(count, dtype=bool)
         alive = self._alive(prev, count * stack)
-        if alive.any():
+        if alive.all():  # the common step: no row selection (each would copy the stacks)
+            cont = _rows_equal(self.pool.take(prev[:, 1:] % self.pool_size, axis=0), frames[:, :-1])
+        elif alive.any():
             a = np.flatnonzero(alive)
             old = self.pool.take(prev[a, 1:] % self.pool_size, axis=0)
             cont[a] = _rows_equal(old, frames[a, :-1])
@@ -538,6 +540,7 @@ _ENV_STATE = ("_last", "_final", "_count", "_recent_slot", "_recent_gen", "_rece
 def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Bitwise equality of each row of ``a`` and ``b`` (same shape and dtype, [R, ...]) as bool [R]."""
     rows = a.shape[0]
+    # (copying strided inputs to contiguous ones first is faster than comparing strided word views)
     a = np.ascontiguousarray(a).reshape(rows, -1).view(np.uint8)
     b = np.ascontiguousarray(b).reshape(rows, -1).view(np.uint8)
     width = a.shape[1]
