@@ -309,3 +309,27 @@ def test_checkpoint_refers_to_directory(tmp_path):
     every = np.arange(len(buffer))
     ok = buffer.storage.sampleable(every)
     np.testing.assert_array_equal(buffer.storage.gather(every[ok])["obs"], restored.storage.gather(every[ok])["obs"])
+
+
+def test_pipeline_checkpoint_state_refers_to_replay_directory(tmp_path):
+    """The whole pipeline's state (what PipelineCheckpoint writes) holds the replay's path; it restores exactly."""
+    from ptl_rl import BatchSampler, load_pipeline_state_dict, pipeline_state_dict
+
+    buffer, _ = filled_buffer(tmp_path, False, checkpoint=True)
+    pipeline = BatchSampler(buffer, batch_size=8)
+    blob = tmp_path / "pipeline.pt"
+    torch.save(pipeline_state_dict(pipeline), blob)
+    assert os.path.getsize(blob) < 100_000
+    env = make_env("NextStep")
+    stream = NStepTransform(ExperienceSource(env, random_agent(3), seed=4), n=3, gamma=0.9)
+    storage = functools.partial(FrameStorage, stack_axis=0)
+    fresh = BatchSampler(PrioritizedReplayBuffer(stream, 30, warmup=10, seed=0, storage=storage), batch_size=8)
+    load_pipeline_state_dict(fresh, torch.load(blob, weights_only=True))
+    restored = fresh.upstream
+    every = np.arange(len(buffer))
+    ok = buffer.storage.sampleable(every)
+    assert np.array_equal(ok, restored.storage.sampleable(every))
+    np.testing.assert_array_equal(
+        buffer.storage.gather(every[ok])["next_obs"], restored.storage.gather(every[ok])["next_obs"]
+    )
+    next(fresh)  # the restored pipeline keeps running: new episodes after the flushed windows
