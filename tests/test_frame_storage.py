@@ -333,3 +333,24 @@ def test_pipeline_checkpoint_state_refers_to_replay_directory(tmp_path):
         buffer.storage.gather(every[ok])["next_obs"], restored.storage.gather(every[ok])["next_obs"]
     )
     next(fresh)  # the restored pipeline keeps running: new episodes after the flushed windows
+
+
+def test_errors_name_the_problem_and_the_fix():
+    def rows(obs, next_obs=None):
+        count = len(obs) if not isinstance(obs, dict) else len(obs["a"])
+        return TransitionBatch(
+            obs=obs, next_obs=obs if next_obs is None else next_obs, action=np.zeros(count),
+            reward=np.zeros(count, np.float32), terminated=np.zeros(count, bool), truncated=np.zeros(count, bool),
+            discount=np.ones(count, np.float32), env_id=np.arange(count),
+        )  # fmt: skip
+
+    with pytest.raises(ValueError, match="Dict observation spaces use the default ArrayStorage"):
+        FrameStorage(10).add(rows({"a": np.zeros((2, 3), np.uint8)}))
+    with pytest.raises(ValueError, match="stack_axis=3 is not an axis.*FrameStackObservation"):
+        FrameStorage(10, stack_axis=3).add(rows(np.zeros((2, 4, 5), np.uint8)))
+    storage = FrameStorage(10, stack_axis=0)
+    storage.add(rows(np.zeros((2, 4, 5), np.uint8)))
+    with pytest.raises(ValueError, match=r"field 'next_obs' has shape \(2, 4, 6\).*one shape and dtype"):
+        storage.add(rows(np.zeros((2, 4, 5), np.uint8), np.zeros((2, 4, 6), np.uint8)))
+    with pytest.raises(ValueError, match="n_step must be an integer >= 1"):
+        FrameStorage(10, n_step=0)
