@@ -354,3 +354,24 @@ def test_errors_name_the_problem_and_the_fix():
         storage.add(rows(np.zeros((2, 4, 5), np.uint8), np.zeros((2, 4, 6), np.uint8)))
     with pytest.raises(ValueError, match="n_step must be an integer >= 1"):
         FrameStorage(10, n_step=0)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_recorded_trajectory_added_in_one_batch(n):
+    """A whole recorded run (several episodes of each env in one batch, as offline data comes) is stored exactly."""
+    env = make_env("SameStep", "zero")
+    source = ExperienceSource(env, random_agent(3, 11), seed=5)
+    recorded = TransitionBatch.concat([next(source) for _ in range(40)])
+    nstep = NStepTransform(None, n=n, gamma=0.9)
+    batch = TransitionBatch.concat([b for b in (nstep.fold(recorded), nstep.flush()) if b is not None])
+    frames, twin = FrameStorage(500, stack_axis=0, n_step=n), ArrayStorage(500)
+    frames.add(batch)
+    twin.add(batch)
+    every = np.arange(len(frames))
+    ok = frames.sampleable(every)
+    done = np.asarray(twin.gather(every)["terminated"] | twin.gather(every)["truncated"])
+    assert ok[done].all() and ok.sum() >= len(every) - 3 * n  # only the newest n of each env wait
+    mine, naive = frames.gather(every[ok]), twin.gather(every[ok])
+    for name in naive.keys():
+        np.testing.assert_array_equal(mine[name], naive[name], err_msg=name)
+    check_against_reference(mine, reference(recorders(env), n, False), False)
