@@ -15,6 +15,7 @@ from ptl_rl.agents import (
 from ptl_rl.batch import BOLTS_FIELDS, CORE_FIELDS, TorchBatch, TransitionBatch
 from ptl_rl.buffers import (
     ArrayStorage,
+    FrameStorage,
     PrioritizedReplayBuffer,
     ReplayBuffer,
     RolloutBuffer,
@@ -65,6 +66,7 @@ __all__ = [
     "compute_gae",
     "ArgmaxSelector",
     "ArrayStorage",
+    "FrameStorage",
     "BatchSampler",
     "DQNAgent",
     "EnvStepLimit",

@@ -1,5 +1,7 @@
 """Replay storage and buffers."""
 
+from ptl_rl.buffers.frames import FrameStorage
+from ptl_rl.buffers.persist import load_buffer, save_buffer
 from ptl_rl.buffers.prioritized import PrioritizedReplayBuffer, PriorityFeedback
 from ptl_rl.buffers.replay import ReplayBuffer
 from ptl_rl.buffers.rollout import RolloutBuffer
@@ -10,6 +12,7 @@ from ptl_rl.buffers.sumtree import SumTree
 
 __all__ = [
     "ArrayStorage",
+    "FrameStorage",
     "PrioritizedReplayBuffer",
     "PriorityFeedback",
     "ReplayBuffer",
@@ -17,4 +20,6 @@ __all__ = [
     "SequenceReplayBuffer",
     "ShuffledPasses",
     "SumTree",
+    "load_buffer",
+    "save_buffer",
 ]

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ptl_rl.batch import TransitionBatch
+from ptl_rl.buffers.frames import redraw_unsampleable
 from ptl_rl.buffers.replay import ReplayBuffer
 from ptl_rl.buffers.sumtree import SumTree
 from ptl_rl.reprs import stage_repr
@@ -127,8 +128,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         warmup: int | None = None,
         transitions_per_yield: int = 1,
         seed: int | None = None,
+        storage: Callable[[int], Any] | None = None,
     ) -> None:
-        super().__init__(upstream, capacity, warmup=warmup, transitions_per_yield=transitions_per_yield, seed=seed)
+        super().__init__(
+            upstream, capacity, warmup=warmup, transitions_per_yield=transitions_per_yield, seed=seed, storage=storage
+        )
         if not (np.isfinite(alpha) and alpha >= 0):
             raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
         if not (np.isfinite(eps) and eps > 0):
@@ -205,9 +209,16 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         beta = self.beta
         self.batches_sampled += 1
         indices, leaves = self.tree.sample(self.rng.random(batch_size), self.stratified)
+        if hasattr(self.storage, "sampleable"):  # e.g. a FrameStorage: some slots still wait for their next_obs
+            draw = lambda count: self.tree.sample(self.rng.random(count), False)  # noqa: E731
+            indices, leaves = redraw_unsampleable(self._sampleable, (indices, leaves), draw)
         # (N P_i)^-beta / max_j (N P_j)^-beta == (min_j leaf_j / leaf_i)^beta: N and the total cancel
         weights = np.power(leaves.min() / leaves, beta, dtype=np.float32)
         return indices, weights
+
+    def _sampleable(self, indices: np.ndarray) -> np.ndarray:
+        """Which drawn slots the storage can sample now (bool [B])."""
+        return self.storage.sampleable(indices)
 
     def _finish(self, batch: TransitionBatch, indices: np.ndarray, weights: np.ndarray | None) -> TransitionBatch:
         generations = self.generations.take(indices)

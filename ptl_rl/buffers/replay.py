@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from ptl_rl.batch import TransitionBatch
+from ptl_rl.buffers.frames import redraw_unsampleable
 from ptl_rl.buffers.shuffle import ShuffledPasses
 from ptl_rl.buffers.storage import ArrayStorage
 from ptl_rl.ranks import rank_seed
@@ -43,6 +44,12 @@ class ReplayBuffer:
             in which every stored transition comes exactly once (the last
             batch of a pass holds the remainder and may be smaller), for
             epoch-style training on a fixed buffer. See also :meth:`epoch`.
+        storage: ``capacity -> storage`` to store transitions in something other
+            than an :class:`~ptl_rl.buffers.ArrayStorage`, e.g.
+            ``functools.partial(FrameStorage, stack_axis=0)`` for pixel
+            observations (every frame stored once). A storage with a
+            ``sampleable(slots)`` method is only sampled where it says so
+            (passes without replacement skip the other slots).
     """
 
     def __init__(
@@ -54,8 +61,11 @@ class ReplayBuffer:
         transitions_per_yield: int = 1,
         seed: int | None = None,
         replacement: bool = True,
+        storage: Callable[[int], Any] | None = None,
     ) -> None:
-        self.storage = ArrayStorage(capacity)
+        self.storage = ArrayStorage(capacity) if storage is None else storage(capacity)
+        if hasattr(self.storage, "bind_upstream"):
+            self.storage.bind_upstream(upstream)
         if warmup is None:
             warmup = min(1_000, self.storage.capacity)
         if not 0 <= warmup <= capacity:
@@ -131,8 +141,18 @@ class ReplayBuffer:
         """``batch_size`` transitions drawn uniformly with replacement, as numpy arrays [batch_size, ...]."""
         self._check_batch_size(batch_size)
         if not self.replacement:
-            return self.storage.gather(self.passes.next(batch_size, len(self.storage), self.rng))
-        return self.storage.gather(self.rng.integers(0, len(self.storage), batch_size))
+            return self.storage.gather(self._only_sampleable(self.passes.next(batch_size, len(self.storage), self.rng)))
+        indices = self.rng.integers(0, len(self.storage), batch_size)
+        if hasattr(self.storage, "sampleable"):
+            draw = lambda count: (self.rng.integers(0, len(self.storage), count),)  # noqa: E731
+            (indices,) = redraw_unsampleable(self.storage.sampleable, (indices,), draw)
+        return self.storage.gather(indices)
+
+    def _only_sampleable(self, indices: np.ndarray) -> np.ndarray:
+        """``indices`` without the slots the storage cannot sample yet (all of them for an ArrayStorage)."""
+        if not hasattr(self.storage, "sampleable"):
+            return indices
+        return indices[self.storage.sampleable(indices)]
 
     def epoch(self, batch_size: int) -> Iterator[TransitionBatch]:
         """One fresh shuffled pass: every stored transition exactly once, in batches of ``batch_size``.
@@ -145,7 +165,7 @@ class ReplayBuffer:
         self._check_batch_size(1)  # the buffer holds something
         self.passes.start(len(self.storage), self.rng)
         while self.passes.remaining:
-            yield self.storage.gather(self.passes.next(batch_size, len(self.storage), self.rng))
+            yield self.storage.gather(self._only_sampleable(self.passes.next(batch_size, len(self.storage), self.rng)))
 
     def _check_batch_size(self, batch_size: int) -> None:
         if batch_size < 1:

@@ -27,13 +27,14 @@ priority among the current starts.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
 from ptl_rl.batch import TransitionBatch
+from ptl_rl.buffers.frames import redraw_unsampleable
 from ptl_rl.buffers.prioritized import PrioritizedReplayBuffer, Schedule, _check_reserved
 from ptl_rl.reprs import stage_repr
 
@@ -97,6 +98,7 @@ class SequenceReplayBuffer(PrioritizedReplayBuffer):
         warmup: int | None = None,
         transitions_per_yield: int = 1,
         seed: int | None = None,
+        storage: Callable[[int], Any] | None = None,
     ) -> None:
         if not isinstance(length, (int, np.integer)) or length < 1:
             raise ValueError(f"length must be an integer >= 1, got {length!r}")
@@ -113,6 +115,7 @@ class SequenceReplayBuffer(PrioritizedReplayBuffer):
             warmup=warmup,
             transitions_per_yield=transitions_per_yield,
             seed=seed,
+            storage=storage,
         )
         self.length = int(length)
         self.burn_in = int(burn_in)
@@ -320,7 +323,16 @@ class SequenceReplayBuffer(PrioritizedReplayBuffer):
 
     def _draw_uniform(self, batch_size: int) -> np.ndarray:
         self.batches_sampled += 1
-        return self.tree.sample(self.rng.random(batch_size), self.stratified)[0]
+        starts = self.tree.sample(self.rng.random(batch_size), self.stratified)[0]
+        if hasattr(self.storage, "sampleable"):
+            draw = lambda count: (self.tree.sample(self.rng.random(count), False)[0],)  # noqa: E731
+            (starts,) = redraw_unsampleable(self._sampleable, (starts,), draw)
+        return starts
+
+    def _sampleable(self, starts: np.ndarray) -> np.ndarray:
+        """Windows whose every real step the storage can sample (e.g. its next_obs has arrived), bool [B]."""
+        slots, mask = self.window_slots(starts)
+        return (self.storage.sampleable(slots) | ~mask).all(axis=1)
 
     def window_slots(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Slots ``[B, burn_in + length]`` of the windows starting at ``starts`` (int [B]), and their mask.
