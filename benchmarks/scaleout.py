@@ -72,7 +72,7 @@ def dqn_collector(info: WorkerInfo, seed: int) -> Collector:
     return Collector(ptl_rl.NStepTransform(source, N_STEP, GAMMA), net)
 
 
-def run_dqn(seed: int, use_async: bool, env_steps: int, push_every: int) -> dict[str, Any]:
+def run_dqn(seed: int, use_async: bool, env_steps: int, push_every: int, evaluate: bool = True) -> dict[str, Any]:
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     start = time.perf_counter()
@@ -92,8 +92,12 @@ def run_dqn(seed: int, use_async: bool, env_steps: int, push_every: int) -> dict
     eval_env = gym.make_vec("CartPole-v1", num_envs=EVAL_EPISODES, vectorization_mode="sync")
     greedy = ptl_rl.DQNAgent(net, ptl_rl.ArgmaxSelector())
     next_eval, solved_at, steps, evals = EVAL_EVERY, None, 0, 0
+    waited = 0.0  # wall time inside next(sampler): collection (in-process) or waiting for it (async), and sampling
     try:
-        for batch in sampler:
+        while True:
+            tick = time.perf_counter()
+            batch = next(sampler)
+            waited += time.perf_counter() - tick
             q = net(batch.obs).gather(1, batch.action.long()[:, None]).squeeze(1)
             with torch.no_grad():
                 next_value = target(batch.next_obs).gather(1, net(batch.next_obs).argmax(1, keepdim=True)).squeeze(1)
@@ -107,7 +111,7 @@ def run_dqn(seed: int, use_async: bool, env_steps: int, push_every: int) -> dict
                 target.load_state_dict(net.state_dict())
             if use_async and steps % push_every == 0:
                 upstream.push_weights()
-            if counter.total_steps >= next_eval:
+            if evaluate and counter.total_steps >= next_eval:
                 next_eval += EVAL_EVERY
                 evals += 1
                 ret = float(ptl_rl.evaluate(eval_env, greedy, EVAL_EPISODES, seed=seed + 10_000 + evals).mean())
@@ -122,6 +126,8 @@ def run_dqn(seed: int, use_async: bool, env_steps: int, push_every: int) -> dict
         eval_env.close()
     out = {"solved_at": solved_at, "env_steps": counter.total_steps, "grad_steps": steps}
     out["wall_s"] = time.perf_counter() - start
+    out["ms_per_env_step"] = 1e3 * out["wall_s"] / max(counter.total_steps, 1)
+    out["in_next_s"] = waited
     if use_async:
         out.update({k: v for k, v in upstream.staleness_stats().items() if k != "staleness_last"})
     return out
@@ -140,7 +146,7 @@ def bench_dqn(args: argparse.Namespace) -> None:
     rows = []
     for seed in args.seeds:
         for use_async in (False, True):
-            result = run_dqn(seed, use_async, args.env_steps, args.push_every)
+            result = run_dqn(seed, use_async, args.env_steps, args.push_every, args.evaluate)
             rows.append((seed, use_async, result))
             print(f"seed {seed} {'async' if use_async else 'sync '}: {result}  ({load()})", flush=True)
     for seed in args.seeds:
@@ -300,6 +306,12 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--env-steps", type=int, default=60_000)
     p.add_argument("--push-every", type=int, default=10, help="gradient steps between weight pushes (K)")
+    p.add_argument(
+        "--evaluate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="greedy evaluations, stop at 475 (--no-evaluate: run the whole budget, a pure speed comparison)",
+    )
     p = sub.add_parser("throughput")
     p.add_argument("--seconds", type=float, default=4.0)
     p = sub.add_parser("ingest")
