@@ -17,7 +17,7 @@ from ptl_rl.compat import Callback
 from ptl_rl.evaluation import evaluate
 from ptl_rl.ranks import rank_seed
 from ptl_rl.source import ExperienceSource
-from ptl_rl.stages import find_stage
+from ptl_rl.stages import find_episode_source
 
 
 def _global_env_steps(trainer: Any, source: ExperienceSource) -> int:
@@ -49,7 +49,7 @@ class EpisodeStatsLogger(Callback):
         super().__init__()
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
-        self.source: ExperienceSource = find_stage(pipeline, ExperienceSource)
+        self.source: ExperienceSource = find_episode_source(pipeline)
         self.every_n_steps = int(every_n_steps)
         self.prog_bar = prog_bar
         self._logged_episodes = self.source.episodes_finished
@@ -91,7 +91,7 @@ class EnvStepLimit(Callback):
 
     def __init__(self, pipeline: Any, max_env_steps: int) -> None:
         super().__init__()
-        self.source: ExperienceSource = find_stage(pipeline, ExperienceSource)
+        self.source: ExperienceSource = find_episode_source(pipeline)
         self.max_env_steps = int(max_env_steps)
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
@@ -133,7 +133,7 @@ class PeriodicEvaluation(Callback):
         seed: int | None = None,
     ) -> None:
         super().__init__()
-        self.source: ExperienceSource = find_stage(pipeline, ExperienceSource)
+        self.source: ExperienceSource = find_episode_source(pipeline)
         self.env, self.make_agent = env, make_agent
         self.every, self.episodes, self.stop_at_return, self.seed = int(every_env_steps), episodes, stop_at_return, seed
         self.next_eval = self.every

@@ -29,6 +29,25 @@ def find_stage(last: Any, kind: type) -> Any:
     raise ValueError(f"the pipeline {[type(s).__name__ for s in pipeline_stages(last)]} has no {kind.__name__}")
 
 
+EPISODE_INTERFACE = ("total_steps", "episodes_finished", "recent_episodes", "pop_episodes", "episode_stats")
+
+
+def find_episode_source(last: Any) -> Any:
+    """The first stage that counts env steps and episodes: an ExperienceSource, or a stage standing in for one.
+
+    An :class:`~ptl_rl.distributed.AsyncSource` or a Ray worker stage collects
+    elsewhere and keeps the learner's copy of those counters under the same
+    names (:data:`EPISODE_INTERFACE`), so the episode callbacks work on it too.
+    """
+    for stage in pipeline_stages(last):
+        if all(hasattr(stage, name) for name in EPISODE_INTERFACE):
+            return stage
+    raise ValueError(
+        f"the pipeline {[type(s).__name__ for s in pipeline_stages(last)]} has no ExperienceSource "
+        "(nor a stage with its episode counters, such as ptl_rl.distributed.AsyncSource)"
+    )
+
+
 def holds_replay(stage: Any) -> bool:
     """Whether ``stage`` stores replay contents (a replay buffer's ``storage``)."""
     return hasattr(stage, "storage")

@@ -1,0 +1,327 @@
+"""Scale-out benchmarks: async vs in-process DQN, collection throughput, the learner's ingest limit.
+
+    python benchmarks/scaleout.py dqn [--seeds 0 1 2] [--env-steps 60000]
+    python benchmarks/scaleout.py throughput [--seconds 4]
+    python benchmarks/scaleout.py ingest [--actors 8] [--seconds 4]
+
+``dqn``: the same DQN (plain torch loop over ``ReplayBuffer -> BatchSampler``,
+the hyper-parameters of ptl_rl.examples.dqn) with the in-process
+``ExperienceSource -> NStepTransform`` and with ``AsyncSource`` (weights pushed
+every K gradient steps), same replay ratio and env-step budget, greedy
+evaluation every 2,500 env steps; reports env steps and wall time to a greedy
+mean return of 475 per seed, and the wall-time ratio.
+
+``throughput``: env steps/s of collection alone (the consumer takes batches
+and drops them) with an env that burns 1 ms of CPU per step (4 sub-envs):
+in-process source, AsyncSource, RayWorkers with 1 and 2 workers.
+
+``ingest``: transitions/s the learner side takes in (receive, staleness
+check, ReplayBuffer.add) from many lightweight Ray actors that send a
+precomputed batch at once, for CartPole-sized rows (obs float32 [4]) and
+Atari-sized rows (obs uint8 [4, 84, 84]); with a projection to 100 and 1,000
+workers.
+
+Wall times depend on the load of the machine: the script prints the load
+average next to every result. Timings live here, never in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # this checkout's ptl_rl, also in the collector processes (they inherit sys.path)
+
+import ptl_rl  # noqa: E402
+from ptl_rl.distributed import AsyncSource, Collector, RayWorkers, WorkerInfo  # noqa: E402
+
+
+def load() -> str:
+    return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+# ---------------------------------------------------------------------------- DQN
+GAMMA, N_STEP, NUM_ENVS, BATCH, TRAIN_EVERY, LR, SYNC_EVERY = 0.99, 3, 4, 128, 4, 5e-3, 50
+EPS_DECAY, WARMUP, EVAL_EVERY, EVAL_EPISODES, SOLVED = 10_000, 1_000, 2_500, 20, 475.0
+
+
+def q_network() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
+
+
+def dqn_collector(info: WorkerInfo, seed: int) -> Collector:
+    """The DQN collection side: 4 CartPole envs, epsilon-greedy on a Q-network copy, 3-step returns."""
+    torch.manual_seed(seed)
+    net = q_network()
+    env = gym.make_vec("CartPole-v1", num_envs=NUM_ENVS, vectorization_mode="sync")
+    epsilon = ptl_rl.LinearSchedule(1.0, 0.05, EPS_DECAY)
+    agent = ptl_rl.DQNAgent(net, ptl_rl.EpsilonGreedySelector(epsilon, seed=seed))
+    source = ptl_rl.ExperienceSource(env, agent, gamma=GAMMA, seed=seed, rank=info.rank)
+    return Collector(ptl_rl.NStepTransform(source, N_STEP, GAMMA), net)
+
+
+def run_dqn(seed: int, use_async: bool, env_steps: int, push_every: int, evaluate: bool = True) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    net, target = q_network(), q_network()
+    target.load_state_dict(net.state_dict())
+    if use_async:
+        upstream: Any = AsyncSource(functools.partial(dqn_collector, seed=seed), policy=net, queue_size=8)
+    else:
+        upstream = dqn_collector(WorkerInfo(0, 0, 0, 1), seed)
+        net = upstream.policy  # the in-process agent acts with the learner's network itself
+        target.load_state_dict(net.state_dict())
+        upstream = upstream.pipeline
+    counter = upstream if use_async else ptl_rl.find_stage(upstream, ptl_rl.ExperienceSource)
+    buffer = ptl_rl.ReplayBuffer(upstream, 50_000, warmup=WARMUP, transitions_per_yield=TRAIN_EVERY, seed=seed)
+    sampler = ptl_rl.BatchSampler(buffer, BATCH)
+    optimizer = torch.optim.Adam(net.parameters(), lr=LR)
+    eval_env = gym.make_vec("CartPole-v1", num_envs=EVAL_EPISODES, vectorization_mode="sync")
+    greedy = ptl_rl.DQNAgent(net, ptl_rl.ArgmaxSelector())
+    next_eval, solved_at, steps, evals = EVAL_EVERY, None, 0, 0
+    waited = 0.0  # wall time inside next(sampler): collection (in-process) or waiting for it (async), and sampling
+    try:
+        while True:
+            tick = time.perf_counter()
+            batch = next(sampler)
+            waited += time.perf_counter() - tick
+            q = net(batch.obs).gather(1, batch.action.long()[:, None]).squeeze(1)
+            with torch.no_grad():
+                next_value = target(batch.next_obs).gather(1, net(batch.next_obs).argmax(1, keepdim=True)).squeeze(1)
+                y = batch.reward + batch.discount * (1.0 - batch.terminated.float()) * next_value
+            loss = F.smooth_l1_loss(q, y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            steps += 1
+            if steps % SYNC_EVERY == 0:
+                target.load_state_dict(net.state_dict())
+            if use_async and steps % push_every == 0:
+                upstream.push_weights()
+            if evaluate and counter.total_steps >= next_eval:
+                next_eval += EVAL_EVERY
+                evals += 1
+                ret = float(ptl_rl.evaluate(eval_env, greedy, EVAL_EPISODES, seed=seed + 10_000 + evals).mean())
+                if ret >= SOLVED:
+                    solved_at = counter.total_steps
+                    break
+            if counter.total_steps >= env_steps:
+                break
+    finally:
+        if use_async:
+            upstream.close()
+        eval_env.close()
+    out = {"solved_at": solved_at, "env_steps": counter.total_steps, "grad_steps": steps}
+    out["wall_s"] = time.perf_counter() - start
+    out["ms_per_env_step"] = 1e3 * out["wall_s"] / max(counter.total_steps, 1)
+    out["in_next_s"] = waited
+    if use_async:
+        out.update({k: v for k, v in upstream.staleness_stats().items() if k != "staleness_last"})
+    return out
+
+
+def bench_dqn(args: argparse.Namespace) -> None:
+    # the forkserver imports torch once per learner process; pay it before timing (it is printed, not hidden)
+    start = time.perf_counter()
+    with AsyncSource(functools.partial(dqn_collector, seed=0)) as warm:
+        next(warm)
+    print(
+        f"first collector start (forkserver imports torch, once per learner process): "
+        f"{time.perf_counter() - start:.1f} s  ({load()})",
+        flush=True,
+    )
+    rows = []
+    for seed in args.seeds:
+        for use_async in (False, True):
+            result = run_dqn(seed, use_async, args.env_steps, args.push_every, args.evaluate)
+            rows.append((seed, use_async, result))
+            print(f"seed {seed} {'async' if use_async else 'sync '}: {result}  ({load()})", flush=True)
+    for seed in args.seeds:
+        sync = next(r for s, a, r in rows if s == seed and not a)
+        asy = next(r for s, a, r in rows if s == seed and a)
+        print(f"seed {seed}: wall time sync/async = {sync['wall_s'] / asy['wall_s']:.2f}")
+    sync_t = [r["wall_s"] for _, a, r in rows if not a]
+    async_t = [r["wall_s"] for _, a, r in rows if a]
+    print(
+        f"median wall time: sync {statistics.median(sync_t):.1f} s, async {statistics.median(async_t):.1f} s, "
+        f"ratio {statistics.median(sync_t) / statistics.median(async_t):.2f}  ({load()})"
+    )
+
+
+# ---------------------------------------------------------------------------- throughput
+class BusyEnv(gym.Env):
+    """CartPole-sized observations; every step burns ``cost`` seconds of CPU (a busy wait, not a sleep)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, cost: float = 1e-3, length: int = 200) -> None:
+        self.cost, self.length, self.t = cost, length, 0
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        end = time.perf_counter() + self.cost
+        while time.perf_counter() < end:
+            pass
+        self.t += 1
+        return np.full(4, self.t / self.length, np.float32), 1.0, False, self.t >= self.length, {}
+
+
+def busy_collector(info: WorkerInfo, num_envs: int = 4, cost: float = 1e-3) -> Collector:
+    env = gym.vector.SyncVectorEnv([functools.partial(BusyEnv, cost) for _ in range(num_envs)])
+    net = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 2))
+    source = ptl_rl.ExperienceSource(env, ptl_rl.DQNAgent(net, ptl_rl.ArgmaxSelector()), seed=0, rank=info.rank)
+    return Collector(ptl_rl.NStepTransform(source, N_STEP, GAMMA), net)
+
+
+def steps_per_second(stage: Any, counter: Any, seconds: float) -> float:
+    next(stage)  # started, first batch in
+    start_steps, start = counter.total_steps, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        next(stage)
+    return (counter.total_steps - start_steps) / (time.perf_counter() - start)
+
+
+def ray_init() -> Any:
+    import ray  # noqa: PLC0415
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, single-user Ray
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
+    return ray
+
+
+def bench_throughput(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    results = {}
+    inproc = busy_collector(WorkerInfo(0, 0, 0, 1))
+    results["in-process"] = steps_per_second(inproc.pipeline, inproc.pipeline.upstream, args.seconds)
+    with AsyncSource(busy_collector) as source:
+        results["AsyncSource"] = steps_per_second(source, source, args.seconds)
+    ray = ray_init()
+    try:
+        for workers in (1, 2):
+            stage = RayWorkers(busy_collector, workers, steps_per_call=8)
+            try:
+                # actors import torch on start: wait for every worker's first call before timing
+                while stage.total_steps < 2 * workers * 8 * 4:
+                    next(stage)
+                results[f"Ray x{workers}"] = steps_per_second(stage, stage, args.seconds)
+            finally:
+                stage.close()
+    finally:
+        ray.shutdown()
+    base = results["in-process"]
+    for name, rate in results.items():
+        print(f"{name:12s} {rate:8.0f} env steps/s  ({rate / base:.2f}x in-process)")
+    print(f"(env: 4 sub-envs x 1 ms of CPU per step; {load()})")
+
+
+# ---------------------------------------------------------------------------- ingest
+class Precomputed:
+    """A stage standing in for a fast collector: the same ready batch on every ``next()``, no env work."""
+
+    def __init__(self, source: Any, batch: ptl_rl.TransitionBatch) -> None:
+        self.upstream, self.batch = source, batch
+
+    def __iter__(self) -> Precomputed:
+        return self
+
+    def __next__(self) -> ptl_rl.TransitionBatch:
+        return self.batch
+
+
+def precomputed_collector(info: WorkerInfo, rows: int, atari: bool) -> Collector:
+    env = gym.vector.SyncVectorEnv([functools.partial(BusyEnv, 0.0)])
+    source = ptl_rl.ExperienceSource(env, lambda obs: np.zeros(1, np.int64), rank=info.rank)
+    shape, dtype = ((4, 84, 84), np.uint8) if atari else ((4,), np.float32)
+    rng = np.random.default_rng(info.rank)
+    obs = rng.integers(0, 255, (rows, *shape)).astype(dtype)
+    batch = ptl_rl.TransitionBatch(
+        obs=obs,
+        action=np.zeros(rows, np.int64),
+        reward=np.ones(rows, np.float32),
+        next_obs=obs.copy(),
+        terminated=np.zeros(rows, bool),
+        truncated=np.zeros(rows, bool),
+        discount=np.full(rows, 0.99, np.float32),
+        env_id=np.full(rows, info.rank, np.int64),
+        policy_version=np.zeros(rows, np.int64),
+    )
+    return Collector(Precomputed(source, batch), None)
+
+
+def bench_ingest(args: argparse.Namespace) -> None:
+    ray = ray_init()
+    try:
+        for atari in (False, True):
+            rows = 32
+            factory = functools.partial(precomputed_collector, rows=rows, atari=atari)
+            stage = RayWorkers(factory, args.actors, steps_per_call=8, actor_options={"num_cpus": 0.1})
+            capacity = 20_000 if atari else 200_000
+            buffer = ptl_rl.ReplayBuffer(stage, capacity, warmup=0, transitions_per_yield=1)
+            try:
+                for _ in range(args.actors * 8 * rows * 3):  # every actor started and delivered
+                    next(buffer)
+                start, stored = time.perf_counter(), 0
+                while time.perf_counter() - start < args.seconds:
+                    stored += len(buffer.add(next(stage)))
+                rate = stored / (time.perf_counter() - start)
+            finally:
+                stage.close()
+            kind = "Atari-sized (uint8 [4,84,84] obs+next_obs, 56 KB/row)" if atari else "CartPole-sized (float32 [4])"
+            print(f"{kind}: learner ingest {rate:,.0f} transitions/s from {args.actors} actors  ({load()})")
+            per_worker = args.worker_rate_atari if atari else args.worker_rate
+            for n in (100, 1000):
+                need = n * per_worker
+                print(
+                    f"  {n:5d} workers x {per_worker:,} steps/s need {need:,.0f}/s: "
+                    + ("within" if need <= rate else f"{need / rate:.1f}x over")
+                    + f" this learner's limit; it saturates at ~{rate / per_worker:,.0f} such workers"
+                )
+    finally:
+        ray.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("dqn")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--env-steps", type=int, default=60_000)
+    p.add_argument("--push-every", type=int, default=10, help="gradient steps between weight pushes (K)")
+    p.add_argument(
+        "--evaluate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="greedy evaluations, stop at 475 (--no-evaluate: run the whole budget, a pure speed comparison)",
+    )
+    p = sub.add_parser("throughput")
+    p.add_argument("--seconds", type=float, default=4.0)
+    p = sub.add_parser("ingest")
+    p.add_argument("--actors", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--worker-rate", type=int, default=5_000, help="env steps/s of one CartPole worker (projection)")
+    p.add_argument("--worker-rate-atari", type=int, default=1_000, help="env steps/s of one Atari worker")
+    args = parser.parse_args()
+    {"dqn": bench_dqn, "throughput": bench_throughput, "ingest": bench_ingest}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

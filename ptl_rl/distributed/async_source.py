@@ -1,0 +1,463 @@
+"""AsyncSource: the source (and n-step) stage in a background process, collecting while the learner trains.
+
+::
+
+    AsyncSource(factory, policy=net) -> ReplayBuffer -> BatchSampler -> to_dataloader
+
+The child process calls ``factory(WorkerInfo)`` to build its env, agent,
+:class:`~ptl_rl.source.ExperienceSource` and optional
+:class:`~ptl_rl.nstep.NStepTransform`, so nothing unpicklable crosses the
+process boundary. Batches come back through a bounded queue (pickled numpy
+arrays), weights go the other way through one shared-memory copy of the
+policy's ``state_dict`` guarded by a lock, with a version counter beside it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing
+import queue
+import signal
+import time
+import traceback
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from ptl_rl.batch import TransitionBatch
+from ptl_rl.distributed.common import (
+    VERSION_FIELD,
+    BuiltCollector,
+    EpisodeCounters,
+    Factory,
+    StalenessTracker,
+    WorkerInfo,
+    weights_of,
+)
+from ptl_rl.ranks import distributed_rank
+from ptl_rl.reprs import stage_repr
+from ptl_rl.source import Episode
+
+_POLL_S = 0.1  # how often a blocked side looks at the other one (stop flag, parent alive, child alive)
+
+
+class CollectorError(RuntimeError):
+    """The collector (a background process or a remote worker) failed; the message holds its traceback."""
+
+
+# ---------------------------------------------------------------------------- child side
+def _learner_alive() -> bool:
+    # the learner is not the OS parent under forkserver; multiprocessing's parent sentinel works for both methods
+    parent = multiprocessing.parent_process()
+    return parent is None or parent.is_alive()
+
+
+def _put(data_q: Any, message: tuple, stop: Any) -> bool:
+    """Put ``message``, waiting while the queue is full; ``False`` when told to stop or orphaned."""
+    while not stop.is_set() and _learner_alive():
+        try:
+            data_q.put(message, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _collector_main(
+    factory: Factory,
+    info: WorkerInfo,
+    data_q: Any,
+    stop: Any,
+    weights: dict[str, torch.Tensor] | None,
+    version: Any,
+    lock: Any,
+    counters: tuple[int, int] | None,
+) -> None:
+    """Body of the collector process: build, then step and send until told to stop or the parent is gone."""
+    # Ctrl-C in a terminal reaches the whole process group: the learner decides when the collector stops
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)  # the learner owns the cores for its gradient steps
+    data_q.cancel_join_thread()  # exiting must never wait for a learner that stopped reading
+    try:
+        collector = BuiltCollector(factory, info)
+        if counters is not None:
+            collector.restore_counters(*counters)
+        last_steps = collector.source.total_steps
+        while not stop.is_set() and _learner_alive():
+            if weights is not None and version.value != collector.version:
+                with lock:  # the learner writes these tensors in place under the same lock
+                    collector.set_weights(version.value, weights)
+            elif weights is None and collector.version < 0:
+                collector.set_weights(0, None)
+            batch, steps, episodes = collector.next_batch()
+            if not _put(data_q, ("batch", batch, steps - last_steps, episodes), stop):
+                return
+            last_steps = steps
+    except BaseException as exc:  # noqa: BLE001 - everything is reported to the learner, which raises it
+        _put(data_q, ("error", type(exc).__name__, str(exc), traceback.format_exc()), stop)
+
+
+# ---------------------------------------------------------------------------- learner side
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    # registered after multiprocessing's own exit hook, so it runs first: children are stopped, not waited for
+    for source in list(_LIVE):
+        source.close()
+
+
+def _stop_process(proc: Any, stop: Any, data_q: Any, timeout: float = 5.0) -> None:
+    """Stop a collector process for sure: ask, drain its queue so it is not stuck writing, then terminate, kill."""
+    stop.set()
+    deadline = time.monotonic() + timeout
+    while proc.is_alive() and time.monotonic() < deadline:
+        try:
+            data_q.get(timeout=0.05)
+        except (queue.Empty, OSError, EOFError, ValueError):
+            proc.join(0.05)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(2.0)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+    with contextlib.suppress(Exception):
+        data_q.close()
+        data_q.cancel_join_thread()
+
+
+_PRELOAD = ["ptl_rl.distributed.async_source"]  # what a forkserver imports once for all its children
+
+
+def _context(start_method: str | None) -> Any:
+    methods = mp.get_all_start_methods()
+    if start_method is None:
+        start_method = "forkserver" if "forkserver" in methods else "spawn"
+    if start_method not in ("forkserver", "spawn") or start_method not in methods:
+        raise ValueError(
+            f"start_method must be 'forkserver' or 'spawn' (available here: {methods}), got {start_method!r}; "
+            "'fork' would copy the learner's threads and CUDA state into the collector"
+        )
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(_PRELOAD)  # takes effect when the server starts (at the first collector)
+    return ctx
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by signal {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+class AsyncSource:
+    """A source stage whose env steps run in a background process while the learner trains.
+
+    Args:
+        factory: ``factory(info: WorkerInfo) -> Collector(pipeline, policy)``,
+            called in the child. It must be picklable: a module-level function
+            or a ``functools.partial`` of one (spawned processes import it by
+            name; a lambda or a function defined in a notebook cell of
+            ``__main__`` is not importable there). Build the source with
+            ``rank=info.rank``.
+        policy: the learner's module whose weights the collector's ``policy``
+            receives (``None``: the collector never gets weights and every row
+            has ``policy_version`` 0).
+        max_staleness: drop rows whose ``policy_version`` is more than this many
+            versions behind the learner's when they are taken in (``None``: keep all).
+        queue_size: batches the collector may run ahead of the learner. The
+            collector blocks when the queue is full, so the replay ratio set on
+            the :class:`~ptl_rl.buffers.ReplayBuffer` downstream holds exactly:
+            the learner waits for its transitions as it does in-process.
+        start_method: ``"forkserver"`` (default where the platform has it) or
+            ``"spawn"``. Never ``"fork"``: it would copy the learner's threads
+            and CUDA state. Both need a picklable factory; with ``"forkserver"``
+            torch and ptl_rl are imported once, in the server, so a collector
+            (and every restart of one) starts in a fraction of a second instead
+            of the several seconds a spawned interpreter takes to import torch.
+        start_timeout: seconds to wait for the first batch (the child imports
+            torch and builds its envs) before raising.
+        stats_window: episodes kept for :meth:`episode_stats`.
+
+    Each ``next()`` returns one :class:`~ptl_rl.batch.TransitionBatch` of the
+    collector's pipeline with an extra field ``policy_version`` (int64 [B]),
+    the version of the weights that chose each row's action. The stage has the
+    episode interface of an :class:`~ptl_rl.source.ExperienceSource`
+    (``total_steps``, ``episodes_finished``, ``recent_episodes``,
+    ``pop_episodes``, ``episode_stats``) and :meth:`staleness_stats`.
+
+    The process starts at the first ``next()`` and stops at :meth:`close` (also
+    ``with AsyncSource(...)``, at interpreter exit, when the learner is
+    interrupted inside ``next()``, and when the collector fails). A later
+    ``next()`` after a close or an interrupt starts a new process whose envs
+    begin new episodes (as after a checkpoint restore); the counters carry on.
+    """
+
+    one_row_per_env = False  # an n-step stage may run in the child
+
+    def __init__(
+        self,
+        factory: Factory,
+        *,
+        policy: torch.nn.Module | None = None,
+        max_staleness: int | None = None,
+        queue_size: int = 8,
+        start_timeout: float = 120.0,
+        stats_window: int = 100,
+        start_method: str | None = None,
+    ) -> None:
+        if not callable(factory):
+            raise TypeError(
+                f"factory must be callable as factory(WorkerInfo) -> Collector, got {type(factory).__name__}"
+            )
+        if queue_size < 1:
+            raise ValueError(f"queue_size must be >= 1, got {queue_size}")
+        self.factory = factory
+        self.policy = policy
+        self.queue_size = int(queue_size)
+        self.start_timeout = float(start_timeout)
+        self.staleness = StalenessTracker(max_staleness)
+        self.counters = EpisodeCounters(stats_window)
+        self.version = 0
+        self.rank = 0
+        self.incarnation = 0  # processes started so far
+        self._restore_counters = False
+        self._ctx = _context(start_method)
+        self._proc: Any = None
+        self._data_q: Any = None
+        self._stop: Any = None
+        self._weights: dict[str, torch.Tensor] | None = None
+        self._version_value: Any = None
+        self._lock: Any = None
+        self._first_batch_seen = False
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def running(self) -> bool:
+        """Whether a collector process is alive."""
+        return self._proc is not None and self._proc.is_alive()
+
+    @property
+    def pid(self) -> int | None:
+        """The collector process's id (``None`` when none runs)."""
+        return None if self._proc is None else self._proc.pid
+
+    def start(self) -> None:
+        """Start the collector process (``next()`` does it when needed)."""
+        if self._proc is not None:
+            return
+        dist_rank, world_size = distributed_rank()
+        rank = self.rank if world_size == 1 else dist_rank
+        info = WorkerInfo(
+            rank=rank + world_size * self.incarnation,
+            worker=rank,
+            incarnation=self.incarnation,
+            num_workers=world_size,
+        )
+        if self.policy is not None and self._weights is None:
+            # one shared copy, written in place at every push: no queue of weight snapshots grows behind a slow child
+            self._weights = {k: v.clone().share_memory_() for k, v in weights_of(self.policy).items()}
+            self._version_value = self._ctx.Value("q", self.version, lock=False)
+            self._lock = self._ctx.Lock()
+        if self._weights is not None:
+            self._write_weights(weights_of(self.policy), self.version)
+        counters = (self.counters.total_steps, self.counters.episodes_finished) if self._restore_counters else None
+        self._data_q = self._ctx.Queue(maxsize=self.queue_size)
+        self._stop = self._ctx.Event()
+        self._proc = self._ctx.Process(
+            target=_collector_main,
+            args=(
+                self.factory,
+                info,
+                self._data_q,
+                self._stop,
+                self._weights,
+                self._version_value,
+                self._lock,
+                counters,
+            ),
+            name=f"ptl_rl-collector-{info.rank}",
+            daemon=False,  # a daemonic process may not start children, and the collector's AsyncVectorEnv does
+        )
+        self._proc.start()
+        self.incarnation += 1
+        self._restore_counters = True  # a later process continues these counters
+        self._first_batch_seen = False
+        _LIVE.add(self)
+
+    def close(self) -> None:
+        """Stop the collector process (ask, then terminate, then kill); a later ``next()`` starts a new one."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            _stop_process(proc, self._stop, self._data_q)
+        _LIVE.discard(self)
+
+    def __enter__(self) -> AsyncSource:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # ------------------------------------------------------------------ weights
+    def push_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None) -> int:
+        """Publish new weights (default: ``policy``'s current ones) as the next version; returns that version.
+
+        The collector picks them up before its next env step. Cheap: one
+        in-place copy into shared memory, whatever the collector is doing.
+        """
+        if self.policy is None:
+            raise RuntimeError("this AsyncSource has no policy to push; pass AsyncSource(factory, policy=module)")
+        self.version += 1
+        if self._weights is not None and self.running:
+            self._write_weights(state_dict if state_dict is not None else self.policy.state_dict(), self.version)
+        return self.version  # a process started later writes the current weights at its start
+
+    def _write_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        assert self._weights is not None
+        if not self._lock.acquire(timeout=10.0):
+            self._raise_if_dead()
+            raise CollectorError("the collector holds the weights lock for more than 10 s; it is stuck")
+        try:
+            with torch.no_grad():
+                for name, tensor in self._weights.items():
+                    tensor.copy_(state_dict[name])
+            self._version_value.value = int(version)
+        finally:
+            self._lock.release()
+
+    # ------------------------------------------------------------------ iteration
+    def __iter__(self) -> AsyncSource:
+        return self
+
+    def __next__(self) -> TransitionBatch:
+        if self._proc is None:
+            self.start()
+        try:
+            while True:
+                message = self._receive()
+                if message[0] == "error":
+                    self.close()
+                    _, kind, text, tb = message
+                    raise CollectorError(
+                        f"the collector process failed with {kind}: {text}\n"
+                        f"(built by {getattr(self.factory, '__name__', self.factory)!r}; its traceback follows)\n{tb}"
+                    )
+                _, batch, steps, episodes = message
+                self.counters.add(steps, episodes)
+                batch = self.staleness.admit(batch, self.version)
+                if len(batch):
+                    return batch
+        except KeyboardInterrupt:  # a notebook interrupt inside next(): leave no collector behind
+            self.close()
+            raise
+
+    def _receive(self) -> tuple:
+        waited = 0.0
+        while True:
+            try:
+                message = self._data_q.get(timeout=_POLL_S)
+                self._first_batch_seen = True
+                return message
+            except queue.Empty:
+                waited += _POLL_S
+            self._raise_if_dead()
+            if not self._first_batch_seen and waited > self.start_timeout:
+                self.close()
+                raise CollectorError(
+                    f"the collector process sent nothing in {self.start_timeout:.0f} s after its start; "
+                    "its factory or first env step hangs (raise start_timeout if building the envs is slow)"
+                )
+
+    def _raise_if_dead(self) -> None:
+        proc = self._proc
+        if proc is None or proc.is_alive():
+            return
+        with contextlib.suppress(queue.Empty):  # it may have sent an error (or a last batch) just before exiting
+            self._data_q.put(self._data_q.get(timeout=_POLL_S))
+            return  # read it first; the next look finds the process dead and the queue empty
+        started = self._first_batch_seen
+        self.close()
+        hint = (
+            "killed from outside, or out of memory?"
+            if started
+            else "it failed before its first batch: a script that starts collectors needs "
+            "`if __name__ == '__main__':` around its top-level code"
+        )
+        raise CollectorError(
+            f"the collector process (pid {proc.pid}) {_describe_exit(proc.exitcode)} without reporting an error "
+            f"({hint}). Call next() again to start a new one."
+        )
+
+    # ------------------------------------------------------------------ rank
+    def set_rank(self, rank: int) -> None:
+        """Take the DDP rank (the Lightning adapter calls it): it offsets the collector's env ids and seeds."""
+        if self._proc is not None and int(rank) != self.rank:
+            raise RuntimeError("this AsyncSource is already collecting; build the pipeline inside each DDP process")
+        self.rank = int(rank)
+
+    # ------------------------------------------------------------------ episodes (the ExperienceSource interface)
+    @property
+    def total_steps(self) -> int:
+        """Env steps the collector processes have taken (as far as the learner has received)."""
+        return self.counters.total_steps
+
+    @property
+    def episodes_finished(self) -> int:
+        return self.counters.episodes_finished
+
+    def recent_episodes(self) -> list[Episode]:
+        return self.counters.recent_episodes()
+
+    def pop_episodes(self) -> list[Episode]:
+        return self.counters.pop_episodes()
+
+    def episode_stats(self) -> dict[str, float]:
+        return self.counters.episode_stats()
+
+    def staleness_stats(self) -> dict[str, float]:
+        """``policy_version`` lag of the rows taken in (see :class:`~ptl_rl.distributed.common.StalenessTracker`)."""
+        return {"policy_version": float(self.version), **self.staleness.stats()}
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Learner-side state: policy version, env-step and episode counters, staleness counters."""
+        return {
+            "version": self.version,
+            "incarnation": self.incarnation,
+            "counters": self.counters.state_dict(),
+            "staleness": self.staleness.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the counters; a running collector is stopped, and the next one starts new episodes."""
+        self.close()
+        self.version = int(state["version"])
+        self.incarnation = int(state["incarnation"])
+        self.counters.load_state_dict(state["counters"])
+        self.staleness.load_state_dict(state["staleness"])
+        self._restore_counters = True
+
+    def __repr__(self) -> str:
+        name = getattr(self.factory, "__name__", type(self.factory).__name__)
+        return stage_repr(
+            self,
+            name,
+            env_steps=self.total_steps,
+            episodes=self.episodes_finished,
+            version=self.version,
+            running=self.running,
+        )
+
+
+__all__ = ["VERSION_FIELD", "AsyncSource", "CollectorError"]

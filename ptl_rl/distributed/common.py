@@ -1,0 +1,250 @@
+"""What the collectors of every engine share: the factory protocol, version stamps, staleness accounting.
+
+A collector (a background process, a Ray actor) builds its own pipeline by
+calling a user factory, so that nothing unpicklable (an env, a CUDA module, an
+open file) crosses a process boundary: only the factory itself (a module-level
+function or a ``functools.partial`` of one) and plain numpy/tensor data do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from ptl_rl.batch import TransitionBatch
+from ptl_rl.source import Episode, ExperienceSource
+from ptl_rl.stages import pipeline_stages
+
+VERSION_FIELD = "policy_version"
+
+
+class WorkerInfo(NamedTuple):
+    """What a factory is told about the collector it builds for.
+
+    Attributes:
+        rank: pass it as ``ExperienceSource(..., rank=info.rank)``: it offsets
+            the env seeds and ``env_id``. It is distinct for every worker *and*
+            every restart of a worker (``worker + num_workers * incarnation``),
+            so a restarted worker is seeded afresh and its episodes never share
+            an ``env_id`` with the episodes its predecessor left unfinished.
+        worker: index of the worker, ``0 .. num_workers - 1``.
+        incarnation: how many times this worker was (re)started before, 0 at first.
+        num_workers: how many workers there are.
+    """
+
+    rank: int
+    worker: int
+    incarnation: int
+    num_workers: int
+
+
+class Collector(NamedTuple):
+    """What a factory returns: the pipeline to iterate and the module the learner's weights go into.
+
+    Attributes:
+        pipeline: the last stage of the collector's chain, an iterator of
+            :class:`~ptl_rl.batch.TransitionBatch` (an :class:`ExperienceSource`
+            or an :class:`~ptl_rl.nstep.NStepTransform` over one). It must
+            contain an ``ExperienceSource`` (its agent is wrapped to stamp versions).
+        policy: anything with ``load_state_dict`` (an ``nn.Module`` the agent
+            acts with), or ``None`` when the collector never takes weights.
+    """
+
+    pipeline: Iterator[TransitionBatch]
+    policy: Any = None
+
+
+Factory = Callable[[WorkerInfo], "Collector | tuple[Any, Any]"]
+
+
+class VersionStampingAgent:
+    """Wraps an agent so every step's extras hold ``policy_version`` (int64 [N]).
+
+    The version is the one of the weights that chose the action, so after an
+    :class:`~ptl_rl.nstep.NStepTransform` (which keeps the extras of a window's
+    first step) each transition carries the version of the policy that took its
+    action. Hooks of the wrapped agent (``reset_state``, ``on_env_steps``,
+    ``state_dict``, ...) are forwarded.
+    """
+
+    def __init__(self, agent: Callable[[Any], Any], num_envs: int) -> None:
+        self.agent = agent
+        self.version = 0
+        self._stamp = np.zeros(num_envs, dtype=np.int64)
+
+    def set_version(self, version: int) -> None:
+        self.version = int(version)
+        self._stamp = np.full(len(self._stamp), self.version, dtype=np.int64)
+
+    def __call__(self, obs: Any) -> tuple[Any, dict[str, Any]]:
+        out = self.agent(obs)
+        actions, extras = out if isinstance(out, tuple) else (out, None)
+        extras = dict(extras) if extras else {}
+        if VERSION_FIELD in extras:
+            raise ValueError(f"the agent returns an extra named {VERSION_FIELD!r}; the collector adds that field")
+        extras[VERSION_FIELD] = self._stamp  # a fresh array per version: batches already sent keep theirs
+        return actions, extras
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["agent"], name)
+
+
+class BuiltCollector:
+    """A factory's collector made ready to run: version stamping installed, weights loadable."""
+
+    def __init__(self, factory: Factory, info: WorkerInfo) -> None:
+        built = factory(info)
+        if not isinstance(built, tuple):
+            built = Collector(built, None)
+        self.pipeline, self.policy = built[0], built[1]
+        sources = [s for s in pipeline_stages(self.pipeline) if isinstance(s, ExperienceSource)]
+        if not sources:
+            raise TypeError(
+                f"the collector factory returned {type(self.pipeline).__name__}, whose chain has no "
+                "ExperienceSource; return Collector(pipeline=<ExperienceSource or NStepTransform over one>, policy=...)"
+            )
+        self.source: ExperienceSource = sources[0]
+        if self.source.rank != info.rank:
+            raise ValueError(
+                f"the factory built ExperienceSource(rank={self.source.rank}) for a worker of rank {info.rank}; "
+                "pass rank=info.rank so every worker (and every restart) has its own env ids and seeds"
+            )
+        self.stamper = VersionStampingAgent(self.source.agent, self.source.num_envs)
+        # the source looks its agent up at every step; its hooks were bound at construction and stay valid
+        self.source.agent = self.stamper
+        self.version = -1  # no weights yet: the factory's own initial weights
+
+    def set_weights(self, version: int, state_dict: Mapping[str, Any] | None) -> None:
+        if state_dict is not None:
+            if self.policy is None:
+                raise RuntimeError(
+                    "weights were pushed but the collector factory returned no policy to load them into; "
+                    "return Collector(pipeline, policy=<the nn.Module the agent acts with>)"
+                )
+            with torch.no_grad():
+                self.policy.load_state_dict(state_dict)
+        self.version = int(version)
+        self.stamper.set_version(max(self.version, 0))
+
+    def restore_counters(self, total_steps: int, episodes_finished: int) -> None:
+        """Continue the learner's env-step count (exploration schedules read it), with fresh episodes."""
+        state = self.source.state_dict()
+        state.update(total_steps=int(total_steps), episodes_finished=int(episodes_finished), recent=[])
+        self.source.load_state_dict(state)
+
+    def next_batch(self) -> tuple[TransitionBatch, int, list[Episode]]:
+        """One batch of the pipeline, the source's env-step count after it and the episodes it finished."""
+        batch = next(self.pipeline)
+        return batch, self.source.total_steps, self.source.pop_episodes()
+
+
+def weights_of(policy: Any) -> dict[str, torch.Tensor]:
+    """A CPU snapshot of ``policy.state_dict()`` (detached copies: later optimizer steps do not change it)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in policy.state_dict().items()}
+
+
+class StalenessTracker:
+    """Learner-side staleness: ``learner version - policy_version`` of each row when it is taken in.
+
+    With ``max_staleness`` set, rows older than that are dropped (counted in
+    ``dropped``): the bound is enforced where the staleness is known exactly,
+    when the learner takes the rows, whatever sat in queues in between.
+    """
+
+    def __init__(self, max_staleness: int | None) -> None:
+        if max_staleness is not None and max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
+        self.max_staleness = max_staleness
+        self.dropped = 0
+        self.last = 0
+        self.max_seen = 0
+        self._sum = 0
+        self._rows = 0
+
+    def admit(self, batch: TransitionBatch, version: int) -> TransitionBatch:
+        """``batch`` without its rows that are too stale; updates the counters."""
+        stamps = np.asarray(batch[VERSION_FIELD])
+        if not len(stamps):
+            return batch
+        staleness = version - stamps
+        if self.max_staleness is not None:
+            keep = staleness <= self.max_staleness
+            kept = int(np.count_nonzero(keep))
+            if kept < len(stamps):
+                self.dropped += len(stamps) - kept
+                batch, staleness = batch.rows(keep.nonzero()[0]), staleness[keep]
+        if len(staleness):
+            self.last = int(staleness.max())
+            self.max_seen = max(self.max_seen, self.last)
+            self._sum += int(staleness.sum())
+            self._rows += len(staleness)
+        return batch
+
+    def stats(self) -> dict[str, float]:
+        """``staleness_last`` (max over the last batch), ``staleness_mean``, ``staleness_max``, ``dropped_stale``."""
+        mean = self._sum / self._rows if self._rows else 0.0
+        return {
+            "staleness_last": float(self.last),
+            "staleness_mean": float(mean),
+            "staleness_max": float(self.max_seen),
+            "dropped_stale": float(self.dropped),
+        }
+
+    def state_dict(self) -> dict[str, int]:
+        return {"dropped": self.dropped, "max_seen": self.max_seen, "sum": self._sum, "rows": self._rows}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self.dropped, self.max_seen = int(state["dropped"]), int(state["max_seen"])
+        self._sum, self._rows = int(state["sum"]), int(state["rows"])
+
+
+class EpisodeCounters:
+    """The learner's view of the collectors' env steps and finished episodes (an ExperienceSource's interface)."""
+
+    def __init__(self, stats_window: int = 100) -> None:
+        from collections import deque  # noqa: PLC0415
+
+        self.total_steps = 0
+        self.episodes_finished = 0
+        self._pending: list[Episode] = []
+        self._recent: deque[Episode] = deque(maxlen=stats_window)
+
+    def add(self, steps: int, episodes: list[Episode]) -> None:
+        self.total_steps += int(steps)
+        if episodes:
+            # a worker counts its own steps; the learner's count is the sum, so restamp the episode ends with it
+            episodes = [e._replace(total_steps=self.total_steps) for e in episodes]
+            self.episodes_finished += len(episodes)
+            self._pending.extend(episodes)
+            self._recent.extend(episodes)
+
+    def recent_episodes(self) -> list[Episode]:
+        return list(self._recent)
+
+    def pop_episodes(self) -> list[Episode]:
+        episodes, self._pending = self._pending, []
+        return episodes
+
+    def episode_stats(self) -> dict[str, float]:
+        stats = {"env_steps": float(self.total_steps), "episodes": float(self.episodes_finished)}
+        if self._recent:
+            stats["return_mean"] = float(np.mean([e.ret for e in self._recent]))
+            stats["length_mean"] = float(np.mean([e.length for e in self._recent]))
+        return stats
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "total_steps": self.total_steps,
+            "episodes_finished": self.episodes_finished,
+            "recent": [[e.ret, e.length, e.env_id, e.total_steps] for e in self._recent],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.total_steps = int(state["total_steps"])
+        self.episodes_finished = int(state["episodes_finished"])
+        self._recent.clear()
+        self._recent.extend(Episode(float(r), int(n), int(e), int(t)) for r, n, e, t in state["recent"])
+        self._pending = []

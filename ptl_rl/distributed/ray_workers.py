@@ -1,0 +1,345 @@
+"""RayWorkers: N Ray actors, each with its own vector env, source and n-step stage, feeding the learner's replay.
+
+::
+
+    ray.init(num_cpus=2)            # a laptop; ray.init(address="auto") on a cluster
+    workers = RayWorkers(factory, num_workers=2, policy=net)
+    RayWorkers -> ReplayBuffer -> BatchSampler -> to_dataloader
+
+Ray is imported only when the stage starts (``pip install ptl_rl[ray]``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ptl_rl.batch import TransitionBatch
+from ptl_rl.distributed.async_source import CollectorError
+from ptl_rl.distributed.common import (
+    BuiltCollector,
+    EpisodeCounters,
+    Factory,
+    StalenessTracker,
+    WorkerInfo,
+    weights_of,
+)
+from ptl_rl.reprs import stage_repr
+from ptl_rl.source import Episode
+
+
+def _ray() -> Any:
+    try:
+        import ray  # noqa: PLC0415 - optional dependency
+    except ImportError as exc:
+        raise ImportError(
+            "RayWorkers needs Ray, which ptl_rl does not install by default: pip install 'ptl_rl[ray]'"
+        ) from exc
+    return ray
+
+
+class _CollectorActor:
+    """The body of one Ray actor: a collector built by the factory, stepped ``steps`` pipeline batches per call."""
+
+    def __init__(self, factory: Factory, info: WorkerInfo, counters: tuple[int, int] | None) -> None:
+        torch.set_num_threads(1)
+        self.collector = BuiltCollector(factory, info)
+        if counters is not None:
+            self.collector.restore_counters(*counters)
+        self.last_steps = self.collector.source.total_steps
+
+    def collect(
+        self, version: int, weights: Mapping[str, torch.Tensor] | None, steps: int
+    ) -> tuple[TransitionBatch | None, int, list[Episode]]:
+        """``steps`` pipeline batches as one batch (rows of all of them), env steps taken, episodes finished."""
+        if weights is not None or self.collector.version < 0:
+            self.collector.set_weights(version, weights)
+        batches, episodes = [], []
+        for _ in range(steps):  # a loop over vector steps, each a whole batch of rows
+            batch, _, finished = self.collector.next_batch()
+            if len(batch):
+                batches.append(batch)
+            episodes.extend(finished)
+        total = self.collector.source.total_steps
+        taken, self.last_steps = total - self.last_steps, total
+        return (TransitionBatch.concat(batches) if batches else None), taken, episodes
+
+    def pid(self) -> int:
+        import os  # noqa: PLC0415
+
+        return os.getpid()
+
+
+_ACTOR_CLASS: Any = None
+
+
+def _actor_class(ray: Any) -> Any:
+    global _ACTOR_CLASS  # noqa: PLW0603 - one remote class per process, made when Ray is first needed
+    if _ACTOR_CLASS is None:
+        _ACTOR_CLASS = ray.remote(_CollectorActor)
+    return _ACTOR_CLASS
+
+
+class RayWorkers:
+    """A source stage whose transitions come from ``num_workers`` Ray actors.
+
+    Args:
+        factory: ``factory(info: WorkerInfo) -> Collector(pipeline, policy)``,
+            called inside each actor (see :class:`~ptl_rl.distributed.AsyncSource`);
+            build the source with ``rank=info.rank``.
+        num_workers: number of actors.
+        policy: the learner's module whose weights the actors' ``policy`` receive
+            (``None``: no weights are sent; every row has ``policy_version`` 0).
+        steps_per_call: pipeline batches (vector steps) an actor collects per
+            remote call: larger amortises the call overhead, smaller keeps the
+            data fresher and the replay ratio finer.
+        max_staleness: drop rows more than this many versions behind when taken in.
+        max_restarts: restarts allowed per worker before the failure is raised.
+        actor_options: passed to ``.options(...)`` of each actor (``num_cpus``,
+            ``num_gpus``, ``resources``, ...); default ``{"num_cpus": 1}``.
+
+    Every actor always has one call in flight, so actors collect while the
+    learner trains; ``next()`` returns the rows of the first call to finish,
+    with ``policy_version`` (int64 [B]) stamped by the actor. Weights are put
+    in Ray's object store once per version (:meth:`push_weights`) and handed
+    to each actor with its next call, only if it does not hold that version.
+
+    A worker that dies (killed, node lost, or its env raising) is replaced by
+    a new actor with the next ``incarnation``: its rank, hence its env seeds
+    and ``env_id`` range, are new, it gets the current weights, and the
+    others go on. Rows are only ever delivered as whole calls' results, so
+    the replay never holds part of a failed call; the n-step windows in
+    flight in the dead actor are gone with it (dropped, never joined to a new
+    episode). ``failures`` lists what happened.
+    """
+
+    one_row_per_env = False
+
+    def __init__(
+        self,
+        factory: Factory,
+        num_workers: int,
+        *,
+        policy: torch.nn.Module | None = None,
+        steps_per_call: int = 8,
+        max_staleness: int | None = None,
+        max_restarts: int = 10,
+        actor_options: Mapping[str, Any] | None = None,
+        stats_window: int = 100,
+    ) -> None:
+        if not callable(factory):
+            raise TypeError(
+                f"factory must be callable as factory(WorkerInfo) -> Collector, got {type(factory).__name__}"
+            )
+        if num_workers < 1 or steps_per_call < 1:
+            raise ValueError(f"num_workers and steps_per_call must be >= 1, got {num_workers} and {steps_per_call}")
+        self.factory = factory
+        self.num_workers = int(num_workers)
+        self.policy = policy
+        self.steps_per_call = int(steps_per_call)
+        self.max_restarts = int(max_restarts)
+        self.actor_options = dict(actor_options or {"num_cpus": 1})
+        self.staleness = StalenessTracker(max_staleness)
+        self.counters = EpisodeCounters(stats_window)
+        self.version = 0
+        self.rank = 0
+        self.incarnations = [0] * self.num_workers
+        self.restarts = 0
+        self.failures: list[str] = []
+        self.actors: list[Any] = []
+        self._actor_versions: list[int] = []
+        self._pending: dict[Any, int] = {}  # object ref of a call in flight -> worker index
+        self._ready: deque[TransitionBatch] = deque()
+        self._weights_ref: Any = None
+        self._weights_version = -1
+        self._restore_counters = False
+        self._ray: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def running(self) -> bool:
+        return bool(self.actors)
+
+    def start(self) -> None:
+        """Start the actors (``next()`` does it when needed). Ray must be initialised (``ray.init(...)``)."""
+        if self.actors:
+            return
+        ray = self._ray = _ray()
+        if not ray.is_initialized():
+            raise RuntimeError(
+                "Ray is not initialised: call ray.init(num_cpus=...) on a single machine, or "
+                "ray.init(address='auto') on a cluster node, before the first next() of RayWorkers"
+            )
+        self.actors = [None] * self.num_workers
+        self._actor_versions = [-1] * self.num_workers
+        for worker in range(self.num_workers):
+            self._launch(worker)
+
+    def close(self) -> None:
+        """Kill the actors; a later ``next()`` starts new ones (new incarnations, fresh episodes)."""
+        ray = self._ray
+        for worker, actor in enumerate(self.actors):
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+                self.incarnations[worker] += 1
+        self.actors, self._pending = [], {}
+        self._ready.clear()
+        self._restore_counters = True
+
+    def __enter__(self) -> RayWorkers:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _launch(self, worker: int) -> None:
+        info = WorkerInfo(
+            rank=self.rank * self.num_workers + worker + self.num_workers * self.incarnations[worker],
+            worker=worker,
+            incarnation=self.incarnations[worker],
+            num_workers=self.num_workers,
+        )
+        # a fresh actor continues the learner's step count, so exploration schedules go on where they were
+        share = self.counters.total_steps // self.num_workers
+        counters = (share, 0) if self._restore_counters or self.incarnations[worker] else None
+        cls = _actor_class(self._ray)
+        self.actors[worker] = cls.options(**self.actor_options).remote(self.factory, info, counters)
+        self._actor_versions[worker] = -1
+        self._submit(worker)
+
+    def _submit(self, worker: int) -> None:
+        weights = None
+        if self.policy is not None and self._actor_versions[worker] != self.version:
+            weights = self._current_weights()
+            self._actor_versions[worker] = self.version
+        ref = self.actors[worker].collect.remote(self.version, weights, self.steps_per_call)
+        self._pending[ref] = worker
+
+    def _current_weights(self) -> Any:
+        if self._weights_version != self.version:  # one object-store copy per version, shared by all actors
+            self._weights_ref = self._ray.put(weights_of(self.policy))
+            self._weights_version = self.version
+        return self._weights_ref
+
+    def _restart(self, worker: int, error: BaseException) -> None:
+        self.failures.append(
+            f"worker {worker} (incarnation {self.incarnations[worker]}): {type(error).__name__}: {error}"
+        )
+        if self.incarnations[worker] >= self.max_restarts:
+            self.close()
+            raise CollectorError(
+                f"Ray worker {worker} failed {self.max_restarts + 1} times; the last failure: "
+                f"{type(error).__name__}: {error}"
+            ) from error
+        warnings.warn(
+            f"Ray worker {worker} failed ({type(error).__name__}); restarting it with fresh envs and the current "
+            "weights. Its n-step windows in flight are dropped.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        self._ray.kill(self.actors[worker], no_restart=True)
+        self.incarnations[worker] += 1
+        self.restarts += 1
+        self._launch(worker)
+
+    # ------------------------------------------------------------------ weights
+    def push_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None) -> int:
+        """Publish the policy's current weights as the next version (put in the object store at the next call)."""
+        if self.policy is None:
+            raise RuntimeError("this RayWorkers has no policy to push; pass RayWorkers(factory, n, policy=module)")
+        if state_dict is not None:
+            self.policy.load_state_dict(state_dict)
+        self.version += 1
+        return self.version
+
+    # ------------------------------------------------------------------ iteration
+    def __iter__(self) -> RayWorkers:
+        return self
+
+    def __next__(self) -> TransitionBatch:
+        if not self.actors:
+            self.start()
+        while not self._ready:
+            self._receive_one()
+        return self._ready.popleft()
+
+    def _receive_one(self) -> None:
+        ray = self._ray
+        done, _ = ray.wait(list(self._pending), num_returns=1)
+        ref = done[0]
+        worker = self._pending.pop(ref)
+        try:
+            batch, steps, episodes = ray.get(ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
+            self._restart(worker, error)
+            return
+        self._submit(worker)  # the actor collects the next call while the learner works on this one
+        self.counters.add(steps, episodes)
+        if batch is not None:
+            batch = self.staleness.admit(batch, self.version)
+            if len(batch):
+                self._ready.append(batch)
+
+    def set_rank(self, rank: int) -> None:
+        """Take the DDP rank: ranks get disjoint worker ranks (hence env ids and seeds)."""
+        if self.actors and int(rank) != self.rank:
+            raise RuntimeError("this RayWorkers is already collecting; build the pipeline inside each DDP process")
+        self.rank = int(rank)
+
+    # ------------------------------------------------------------------ episodes (the ExperienceSource interface)
+    @property
+    def total_steps(self) -> int:
+        return self.counters.total_steps
+
+    @property
+    def episodes_finished(self) -> int:
+        return self.counters.episodes_finished
+
+    def recent_episodes(self) -> list[Episode]:
+        return self.counters.recent_episodes()
+
+    def pop_episodes(self) -> list[Episode]:
+        return self.counters.pop_episodes()
+
+    def episode_stats(self) -> dict[str, float]:
+        return self.counters.episode_stats()
+
+    def staleness_stats(self) -> dict[str, float]:
+        return {"policy_version": float(self.version), "restarts": float(self.restarts), **self.staleness.stats()}
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "incarnations": list(self.incarnations),
+            "restarts": self.restarts,
+            "counters": self.counters.state_dict(),
+            "staleness": self.staleness.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore counters and version; running actors are replaced by new incarnations at the next ``next()``."""
+        if self.actors:
+            self.close()
+        self.version = int(state["version"])
+        # every worker restarts one incarnation later than saved: its env ids are new
+        self.incarnations = [int(i) + 1 for i in state["incarnations"]]
+        self.restarts = int(state["restarts"])
+        self.counters.load_state_dict(state["counters"])
+        self.staleness.load_state_dict(state["staleness"])
+        self._restore_counters = True
+
+    def __repr__(self) -> str:
+        name = getattr(self.factory, "__name__", type(self.factory).__name__)
+        return stage_repr(
+            self,
+            name,
+            workers=self.num_workers,
+            env_steps=self.total_steps,
+            version=self.version,
+            restarts=self.restarts,
+        )

@@ -1,0 +1,163 @@
+"""Collector factories and a brute-force row checker for the scale-out tests (AsyncSource, Ray workers).
+
+The factories run in other processes, so they live in an importable module
+(a spawned process or a Ray actor imports them by name).
+
+Rewards and actions are pure functions of the observation code here, so a
+row can be checked without the env's own record (which stays in the other
+process): ScriptedEnv observations are ``[env, episode, step]``; the reward of
+the step taken in ``[i, e, s]`` is :func:`code_reward` of that code, the agent's
+action is ``(code + shift) % NUM_ACTIONS`` where ``shift`` is the policy's one
+weight, which the learner sets to the version number it pushes.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from scripted_env import BOTH, NUM_ACTIONS, TERM, TRUNC, ScriptedEnv, ids_of, obs_code
+
+from ptl_rl import ExperienceSource, NStepTransform
+from ptl_rl.distributed import Collector, WorkerInfo
+
+EPISODE_STRIDE = 1000  # incarnation k of a worker numbers its episodes from k * EPISODE_STRIDE
+
+
+def code_reward(code: np.ndarray) -> np.ndarray:
+    """The reward of the step taken in the observation with this code (float32, exact)."""
+    return (((np.asarray(code, dtype=np.int64) * 2654435761) % 1000) / 100.0 - 5.0).astype(np.float32)
+
+
+class _CodeRewards:
+    """Stands in for ScriptedEnv's reward generator: the reward becomes a function of the step's start."""
+
+    def __init__(self, env: ScriptedEnv) -> None:
+        self.env = env
+
+    def normal(self) -> float:
+        env = self.env  # called after the step counter moved on: the step started at _step - 1
+        return float(code_reward(obs_code(np.array([env.index, env._episode, env._step - 1]))))
+
+
+class CodeRewardEnv(ScriptedEnv):
+    """A ScriptedEnv whose rewards are :func:`code_reward`; it can be told to fail, or to cost time per step."""
+
+    def __init__(self, *args: Any, fail_at: int | None = None, step_sleep: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._reward_rng = _CodeRewards(self)
+        self.fail_at = fail_at
+        self.step_sleep = step_sleep
+        self.steps = 0
+
+    def step(self, action: Any) -> Any:
+        self.steps += 1
+        if self.fail_at is not None and self.steps >= self.fail_at:
+            raise RuntimeError(f"scripted failure in env {self.index} at step {self.steps}")
+        if self.step_sleep:
+            time.sleep(self.step_sleep)
+        return super().step(action)
+
+
+class ShiftPolicy(torch.nn.Module):
+    """One weight, ``shift``; the learner pushes ``shift = version`` so each row shows which weights acted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shift = torch.nn.Parameter(torch.zeros(()))
+
+
+class ShiftAgent:
+    """Acts ``(obs code + shift) % NUM_ACTIONS``, deterministic: a row's action tells the weights it was taken with."""
+
+    def __init__(self, policy: ShiftPolicy) -> None:
+        self.policy = policy
+
+    def __call__(self, obs: Any) -> np.ndarray:
+        shift = int(round(float(self.policy.shift.detach())))
+        return (obs_code(ids_of(obs)) + shift) % NUM_ACTIONS
+
+
+def layouts_for(num_envs: int, episodes: int = 200) -> list[list[tuple[int, str]]]:
+    """Episode scripts of varied lengths and end kinds, different per env."""
+    kinds = (TERM, TRUNC, BOTH)
+    return [[(2 + (3 * i + 5 * k) % 7, kinds[(i + k) % 3]) for k in range(episodes)] for i in range(num_envs)]
+
+
+def scripted_collector(
+    info: WorkerInfo,
+    *,
+    num_envs: int = 3,
+    n: int = 3,
+    gamma: float = 0.9,
+    mode: str = "NextStep",
+    fail_at: int | None = None,
+    fail_worker: int | None = None,
+    step_sleep: float = 0.0,
+    seed: int = 7,
+) -> Collector:
+    """``num_envs`` CodeRewardEnvs in a SyncVectorEnv, ExperienceSource(rank=info.rank), NStepTransform(n)."""
+    fail = fail_at if fail_worker is None or fail_worker == info.worker else None
+    fail = fail if info.incarnation == 0 else None  # a restarted worker runs cleanly
+    fns = [
+        functools.partial(
+            CodeRewardEnv,
+            i,
+            layout,
+            first_episode=EPISODE_STRIDE * info.incarnation,
+            fail_at=fail,
+            step_sleep=step_sleep,
+        )
+        for i, layout in enumerate(layouts_for(num_envs))
+    ]
+    env = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode(mode))
+    policy = ShiftPolicy()
+    source = ExperienceSource(env, ShiftAgent(policy), gamma=gamma, seed=seed, rank=info.rank)
+    pipeline = NStepTransform(source, n, gamma) if n > 1 else source
+    return Collector(pipeline, policy)
+
+
+def check_rows(rows: dict[str, Any], *, num_envs: int = 3, n: int = 3, gamma: float = 0.9) -> None:
+    """Assert that every row is a true n-step transition of its env, by brute force from the observation codes.
+
+    For a row starting in ``[i, e, s]`` with ``discount = gamma**k``: ``k <= n``,
+    ``next_obs = [i, e, s + k]``, ``reward = sum_j gamma**j * code_reward([i, e, s + j])``,
+    the flags are those the script gives to step ``s + k`` of episode ``e``
+    (and ``k < n`` only at an episode end), ``env_id % num_envs == i``, and the
+    action is ``(code + policy_version) % NUM_ACTIONS``.
+    """
+    obs, next_obs = np.asarray(rows["obs"]), np.asarray(rows["next_obs"])
+    i, e, s = obs[:, 0], obs[:, 1], obs[:, 2]
+    k = np.rint(np.log(np.asarray(rows["discount"], dtype=np.float64)) / np.log(gamma)).astype(np.int64)
+    assert ((k >= 1) & (k <= n)).all(), np.unique(k)
+    np.testing.assert_array_equal(np.asarray(rows["env_id"]) % num_envs, i)
+    np.testing.assert_array_equal(next_obs, np.stack([i, e, s + k], axis=1))
+    expected_reward = np.zeros(len(i))
+    for j in range(n):  # a loop over window positions
+        term = code_reward(obs_code(np.stack([i, e, s + j], axis=1))).astype(np.float64)
+        expected_reward += np.where(j < k, gamma**j * term, 0.0)
+    np.testing.assert_allclose(np.asarray(rows["reward"], dtype=np.float64), expected_reward, rtol=1e-5, atol=1e-5)
+    layouts = layouts_for(num_envs)
+    length = np.array([layouts[a][b % EPISODE_STRIDE][0] for a, b in zip(i.tolist(), e.tolist(), strict=True)])
+    kind = [layouts[a][b % EPISODE_STRIDE][1] for a, b in zip(i.tolist(), e.tolist(), strict=True)]
+    ends = s + k == length
+    assert (s + k <= length).all(), "a window runs past its episode's end"
+    assert (ends | (k == n)).all(), "a short window that is not at an episode end"
+    np.testing.assert_array_equal(rows["terminated"], ends & np.isin(kind, (TERM, BOTH)))
+    np.testing.assert_array_equal(rows["truncated"], ends & np.isin(kind, (TRUNC, BOTH)))
+    version = np.asarray(rows["policy_version"])
+    np.testing.assert_array_equal(np.asarray(rows["action"]), (obs_code(obs) + version) % NUM_ACTIONS)
+
+
+def concat_rows(batches: Sequence[Any]) -> dict[str, np.ndarray]:
+    """The fields of ``batches`` concatenated (numpy, or torch converted to numpy)."""
+
+    def leaf(x: Any) -> np.ndarray:
+        return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+    return {k: np.concatenate([leaf(b[k]) for b in batches]) for k in batches[0].keys()}

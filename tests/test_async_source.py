@@ -1,0 +1,180 @@
+"""AsyncSource: rows equal to the in-process pipeline and to brute force, versions, staleness, shutdown, failures."""
+
+from __future__ import annotations
+
+import _thread
+import functools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from collectors import ShiftPolicy, check_rows, concat_rows, scripted_collector
+
+from ptl_rl import BatchSampler, ReplayBuffer, to_dataloader
+from ptl_rl.distributed import AsyncSource, CollectorError, WorkerInfo
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _push(source: AsyncSource, policy: ShiftPolicy) -> int:
+    with torch.no_grad():
+        policy.shift.fill_(source.version + 1)  # the weights of version v act with shift v
+    return source.push_weights()
+
+
+def test_rows_equal_in_process_pipeline_and_brute_force() -> None:
+    """Without weight pushes the async stage yields exactly the batches of the same pipeline run in-process."""
+    factory = functools.partial(scripted_collector, n=3)
+    reference = factory(WorkerInfo(0, 0, 0, 1)).pipeline
+    expected = [next(reference) for _ in range(40)]
+    with AsyncSource(factory) as source:
+        got = [next(source) for _ in range(40)]
+        assert source.running
+    for want, have in zip(expected, got, strict=True):
+        assert set(have.keys()) == set(want.keys()) | {"policy_version"}
+        for key in want.keys():
+            np.testing.assert_array_equal(have[key], want[key], err_msg=key)
+        assert (have["policy_version"] == 0).all()
+    check_rows(concat_rows(got))
+    assert source.total_steps >= 40 and source.episodes_finished > 0
+
+
+def test_versions_staleness_and_composition_with_replay() -> None:
+    """AsyncSource -> ReplayBuffer -> BatchSampler -> to_dataloader; pushed weights act, rows carry their version."""
+    policy = ShiftPolicy()
+    source = AsyncSource(functools.partial(scripted_collector, n=2), policy=policy, queue_size=4)
+    buffer = ReplayBuffer(source, capacity=10_000, warmup=30, transitions_per_yield=6, seed=0)
+    loader = to_dataloader(BatchSampler(buffer, batch_size=16), steps_per_epoch=60)
+    taken = 0
+    try:
+        for step, batch in enumerate(loader):
+            assert batch["policy_version"].dtype == torch.int64
+            taken += 1
+            if step % 5 == 4:
+                _push(source, policy)
+        stats = source.staleness_stats()
+    finally:
+        source.close()
+    assert taken == 60 and source.version == 12
+    stored = buffer.storage.gather(np.arange(len(buffer)))
+    check_rows(concat_rows([stored]), n=2)
+    versions = np.asarray(stored["policy_version"])
+    assert versions.max() >= 8, "the collector did not act with pushed weights"
+    # the replay ratio is the in-process one: the learner waits for its transitions (6 per yield, warm-up first)
+    assert 30 + 6 * 59 <= len(buffer) <= 30 + 6 * 59 + 4 * 3 + 6
+    assert stats["staleness_max"] >= 0 and stats["dropped_stale"] == 0
+    assert not source.running
+
+
+def test_staleness_bound_drops_old_rows() -> None:
+    """Rows older than max_staleness versions when the learner takes them are dropped and counted."""
+    policy = ShiftPolicy()
+    source = AsyncSource(functools.partial(scripted_collector, n=1), policy=policy, max_staleness=1, queue_size=8)
+    try:
+        first = next(source)  # the queue fills up behind it with version-0 batches
+        deadline = time.monotonic() + 20
+        while source._data_q.qsize() < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for _ in range(3):
+            _push(source, policy)  # version 3: what waits in the queue is 3 versions old
+        rows = [next(source) for _ in range(20)]
+        stats = source.staleness_stats()
+    finally:
+        source.close()
+    got = concat_rows([first, *rows])
+    check_rows(got, n=1)
+    assert (source.version - np.asarray(concat_rows(rows)["policy_version"]) <= 1).all()
+    assert stats["dropped_stale"] >= 8, stats
+    assert stats["staleness_max"] <= 1
+
+
+def test_close_and_consumer_exception_leave_no_process() -> None:
+    source = AsyncSource(scripted_collector)
+    next(source)
+    pid = source.pid
+    source.close()
+    assert _gone(pid) and not source.running
+    with pytest.raises(ValueError, match="consumer failed"), AsyncSource(scripted_collector) as source:
+        next(source)
+        pid = source.pid
+        raise ValueError("consumer failed")
+    assert _gone(pid)
+
+
+def test_keyboard_interrupt_in_next_stops_the_collector_and_next_restarts_it() -> None:
+    """A notebook interrupt while next() waits: no collector left; the next call starts fresh episodes."""
+    source = AsyncSource(functools.partial(scripted_collector, n=1, step_sleep=0.2))
+    try:
+        next(source)
+        pid = source.pid
+        timer = threading.Timer(0.3, _thread.interrupt_main)
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            for _ in range(100):
+                next(source)
+        timer.join()
+        assert _gone(pid) and not source.running
+        batch = next(source)  # a new process, a new incarnation: other env ids, new episodes
+        assert source.pid != pid and source.incarnation == 2
+        assert (np.asarray(batch["env_id"]) >= 3).all() and (np.asarray(batch["obs"])[:, 1] >= 1000).all()
+    finally:
+        source.close()
+
+
+def test_collector_crash_surfaces_with_its_traceback() -> None:
+    source = AsyncSource(functools.partial(scripted_collector, n=1, fail_at=5))
+    with pytest.raises(CollectorError, match=r"RuntimeError: scripted failure in env \d at step 5") as info:
+        for _ in range(50):
+            next(source)
+    assert "Traceback" in str(info.value) and "collectors.py" in str(info.value)
+    assert not source.running
+
+
+def test_killed_collector_is_reported() -> None:
+    source = AsyncSource(functools.partial(scripted_collector, n=1))
+    try:
+        next(source)
+        os.kill(source.pid, signal.SIGKILL)
+        with pytest.raises(CollectorError, match="killed by signal SIGKILL"):
+            for _ in range(1000):
+                next(source)
+    finally:
+        source.close()
+
+
+def test_collector_exits_when_the_learner_process_dies() -> None:
+    """No orphan: a learner killed with SIGKILL (no cleanup runs) leaves a collector that exits by itself."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        sys.path[:0] = [{ROOT!r}, {HERE!r}]
+        from collectors import scripted_collector
+        from ptl_rl.distributed import AsyncSource
+        source = AsyncSource(scripted_collector)
+        next(source)
+        print(source.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.stdout.strip(), proc.stderr
+    child = int(proc.stdout.split()[0])
+    assert _gone(child, within=10.0), "the collector outlived its learner"
