@@ -620,7 +620,11 @@ def _rows(ids: Sequence[int]) -> TransitionBatch:
     )
 
 
-def test_replay_add_interrupted_between_fields_is_redone_in_full():
+@pytest.mark.parametrize("kind", ["uniform", "prioritized"])
+def test_replay_add_interrupted_between_fields_is_redone_in_full(kind):
+    import ptl_rl
+
+    ReplayBuffer = ptl_rl.ReplayBuffer if kind == "uniform" else ptl_rl.PrioritizedReplayBuffer  # noqa: N806
     storage_file = sys.modules["ptl_rl.buffers.storage"].__file__
     injector = Injector({"storage": lambda code: code.co_filename == storage_file})
     clean = ReplayBuffer(None, capacity=4)

@@ -162,8 +162,10 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     def add(self, batch: TransitionBatch) -> np.ndarray:
         """Store the ``B`` transitions of ``batch`` at the current maximum priority; returns their slots (int64 [B])."""
         _check_reserved(batch)
-        old_size = len(self.storage)
-        slots = self.storage.add(batch)
+        old_size = self.storage.size
+        # through ReplayBuffer.add, which redoes a write an interrupt cut short; an interrupt after it leaves
+        # whole rows with their slot's previous priority and generation: sampled with a stale weight, never wrong
+        slots = super().add(batch)
         if len(slots) == 0:
             return slots
         self._stamp(slots)
