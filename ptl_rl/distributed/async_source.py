@@ -81,7 +81,7 @@ def _collector_main(
     # Ctrl-C in a terminal reaches the whole process group: the learner decides when the collector stops
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)  # the learner owns the cores for its gradient steps
-    data_q.cancel_join_thread()  # exiting must never wait for a learner that stopped reading
+    error_sent = False
     try:
         collector = BuiltCollector(factory, info)
         if counters is not None:
@@ -95,10 +95,15 @@ def _collector_main(
                 collector.set_weights(0, None)
             batch, steps, episodes = collector.next_batch()
             if not _put(data_q, ("batch", batch, steps - last_steps, episodes), stop):
-                return
+                break
             last_steps = steps
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the learner, which raises it
-        _put(data_q, ("error", type(exc).__name__, str(exc), traceback.format_exc()), stop)
+        error_sent = _put(data_q, ("error", type(exc).__name__, str(exc), traceback.format_exc()), stop)
+    if error_sent:  # the learner is reading: wait until the queue's feeder thread has really sent the error
+        data_q.close()
+        data_q.join_thread()
+    else:  # exiting must never wait for a learner that stopped reading
+        data_q.cancel_join_thread()
 
 
 # ---------------------------------------------------------------------------- learner side
