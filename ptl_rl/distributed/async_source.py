@@ -34,13 +34,13 @@ from ptl_rl.distributed.common import (
     BuiltCollector,
     EpisodeCounters,
     Factory,
+    RemoteEpisodes,
     StalenessTracker,
     WorkerInfo,
     weights_of,
 )
 from ptl_rl.ranks import distributed_rank
 from ptl_rl.reprs import stage_repr
-from ptl_rl.source import Episode
 
 _POLL_S = 0.1  # how often a blocked side looks at the other one (stop flag, parent alive, child alive)
 
@@ -162,7 +162,7 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-class AsyncSource:
+class AsyncSource(RemoteEpisodes):
     """A source stage whose env steps run in a background process while the learner trains.
 
     Args:
@@ -410,25 +410,6 @@ class AsyncSource:
         if self._proc is not None and int(rank) != self.rank:
             raise RuntimeError("this AsyncSource is already collecting; build the pipeline inside each DDP process")
         self.rank = int(rank)
-
-    # ------------------------------------------------------------------ episodes (the ExperienceSource interface)
-    @property
-    def total_steps(self) -> int:
-        """Env steps the collector processes have taken (as far as the learner has received)."""
-        return self.counters.total_steps
-
-    @property
-    def episodes_finished(self) -> int:
-        return self.counters.episodes_finished
-
-    def recent_episodes(self) -> list[Episode]:
-        return self.counters.recent_episodes()
-
-    def pop_episodes(self) -> list[Episode]:
-        return self.counters.pop_episodes()
-
-    def episode_stats(self) -> dict[str, float]:
-        return self.counters.episode_stats()
 
     def staleness_stats(self) -> dict[str, float]:
         """``policy_version`` lag of the rows taken in (see :class:`~ptl_rl.distributed.common.StalenessTracker`)."""

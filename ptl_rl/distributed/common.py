@@ -248,3 +248,33 @@ class EpisodeCounters:
         self._recent.clear()
         self._recent.extend(Episode(float(r), int(n), int(e), int(t)) for r, n, e, t in state["recent"])
         self._pending = []
+
+
+class RemoteEpisodes:
+    """The episode interface of an :class:`~ptl_rl.source.ExperienceSource`, read from a stage's ``counters``.
+
+    A stage whose envs step elsewhere (:class:`~ptl_rl.distributed.AsyncSource`,
+    :class:`~ptl_rl.distributed.RayWorkers`) keeps the counters of what it received
+    in ``self.counters`` (an :class:`EpisodeCounters`); this mixin exposes them under the
+    source's names, so the episode callbacks work on it unchanged.
+    """
+
+    counters: EpisodeCounters
+
+    @property
+    def total_steps(self) -> int:
+        """Env steps the collectors have taken (as far as the learner has received)."""
+        return self.counters.total_steps
+
+    @property
+    def episodes_finished(self) -> int:
+        return self.counters.episodes_finished
+
+    def recent_episodes(self) -> list[Episode]:
+        return self.counters.recent_episodes()
+
+    def pop_episodes(self) -> list[Episode]:
+        return self.counters.pop_episodes()
+
+    def episode_stats(self) -> dict[str, float]:
+        return self.counters.episode_stats()

@@ -24,6 +24,7 @@ from ptl_rl.distributed.common import (
     BuiltCollector,
     EpisodeCounters,
     Factory,
+    RemoteEpisodes,
     StalenessTracker,
     WorkerInfo,
     weights_of,
@@ -84,7 +85,7 @@ def _actor_class(ray: Any) -> Any:
     return _ACTOR_CLASS
 
 
-class RayWorkers:
+class RayWorkers(RemoteEpisodes):
     """A source stage whose transitions come from ``num_workers`` Ray actors.
 
     Args:
@@ -289,24 +290,6 @@ class RayWorkers:
         if self.actors and int(rank) != self.rank:
             raise RuntimeError("this RayWorkers is already collecting; build the pipeline inside each DDP process")
         self.rank = int(rank)
-
-    # ------------------------------------------------------------------ episodes (the ExperienceSource interface)
-    @property
-    def total_steps(self) -> int:
-        return self.counters.total_steps
-
-    @property
-    def episodes_finished(self) -> int:
-        return self.counters.episodes_finished
-
-    def recent_episodes(self) -> list[Episode]:
-        return self.counters.recent_episodes()
-
-    def pop_episodes(self) -> list[Episode]:
-        return self.counters.pop_episodes()
-
-    def episode_stats(self) -> dict[str, float]:
-        return self.counters.episode_stats()
 
     def staleness_stats(self) -> dict[str, float]:
         return {"policy_version": float(self.version), "restarts": float(self.restarts), **self.staleness.stats()}
