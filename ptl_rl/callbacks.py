@@ -28,7 +28,18 @@ def _global_env_steps(trainer: Any, source: ExperienceSource) -> int:
     return int(total.item())
 
 
-class EpisodeStatsLogger(Callback):
+class _PipelineCallback(Callback):
+    """A callback over a pipeline: at ``setup`` it tells the adapter whether the Trainer stops an endless loader."""
+
+    pipeline: Any
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        from ptl_rl.lightning import note_trainer_limits  # noqa: PLC0415 - lightning imports this module lazily
+
+        note_trainer_limits(trainer, self.pipeline)
+
+
+class EpisodeStatsLogger(_PipelineCallback):
     """Logs every finished episode's return and length against env steps, plus the env-step count.
 
     Each episode of the pipeline's :class:`~ptl_rl.source.ExperienceSource` is
@@ -50,6 +61,7 @@ class EpisodeStatsLogger(Callback):
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         self.source: ExperienceSource = find_episode_source(pipeline)
+        self.pipeline = pipeline
         self.every_n_steps = int(every_n_steps)
         self.prog_bar = prog_bar
         self._logged_episodes = self.source.episodes_finished
@@ -82,7 +94,7 @@ class EpisodeStatsLogger(Callback):
         self._logged_episodes = int(state_dict["logged_episodes"])
 
 
-class EnvStepLimit(Callback):
+class EnvStepLimit(_PipelineCallback):
     """Stops training once ``max_env_steps`` env steps have been taken, counted over all ranks together.
 
     Under DDP each rank's source counts its own steps; their sum is reduced at
@@ -92,6 +104,7 @@ class EnvStepLimit(Callback):
     def __init__(self, pipeline: Any, max_env_steps: int) -> None:
         super().__init__()
         self.source: ExperienceSource = find_episode_source(pipeline)
+        self.pipeline = pipeline
         self.max_env_steps = int(max_env_steps)
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
@@ -99,7 +112,7 @@ class EnvStepLimit(Callback):
             trainer.should_stop = True
 
 
-class PeriodicEvaluation(Callback):
+class PeriodicEvaluation(_PipelineCallback):
     """Evaluates the current policy every ``every_env_steps`` env steps; can stop training once it is good enough.
 
     Args:
@@ -134,6 +147,7 @@ class PeriodicEvaluation(Callback):
     ) -> None:
         super().__init__()
         self.source: ExperienceSource = find_episode_source(pipeline)
+        self.pipeline = pipeline
         self.env, self.make_agent = env, make_agent
         self.every, self.episodes, self.stop_at_return, self.seed = int(every_env_steps), episodes, stop_at_return, seed
         self.next_eval = self.every

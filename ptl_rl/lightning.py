@@ -57,6 +57,16 @@ CHECKPOINT_KEY = "ptl_rl/pipeline"
 # Last stages whose state some PipelineCheckpoint saves; the adapter warns when a checkpoint misses them.
 _CHECKPOINTED: weakref.WeakSet = weakref.WeakSet()
 
+# Stages whose Trainer a ptl_rl callback has seen with a stop condition (max_steps or an EnvStepLimit): an endless
+# loader over them needs no warning. The adapter cannot see the Trainer itself.
+_STOP_KNOWN: weakref.WeakSet = weakref.WeakSet()
+
+
+def note_trainer_limits(trainer: Any, pipeline: Any) -> None:
+    """Called by ptl_rl's callbacks at ``setup``: remember whether ``trainer`` stops an endless loader by itself."""
+    if trainer.max_steps != -1 or _has_step_limit(trainer):
+        _STOP_KNOWN.update(pipeline_stages(pipeline))
+
 
 def _last_stage(pipeline: Any) -> Any:
     return pipeline_stages(pipeline)[-1]
@@ -102,7 +112,8 @@ class PipelineDataset(IterableDataset):
         rank, world_size = distributed_rank()
         if world_size > 1:
             assign_rank(self.pipeline, rank)
-        if self.steps_per_epoch is None and not self.stop_condition_checked:
+        stop_known = any(stage in _STOP_KNOWN for stage in pipeline_stages(self.pipeline))
+        if self.steps_per_epoch is None and not (self.stop_condition_checked or stop_known):
             warnings.warn(
                 "this ptl_rl loader has no length (steps_per_epoch=None), so Lightning runs one endless epoch: "
                 "training ends only at Trainer(max_steps=...), an EnvStepLimit callback or an interrupt, and "
@@ -267,6 +278,7 @@ class PipelineCheckpoint(Callback):
         return _last_stage(self.pipeline)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        note_trainer_limits(trainer, self.pipeline)
         rank, world_size = _world(trainer)
         if world_size > 1:
             assign_rank(self.pipeline, rank)

@@ -179,6 +179,12 @@ def test_an_endless_loader_without_a_stop_condition_warns(L) -> None:
         data2.setup("fit")
     with pytest.warns(UserWarning, match="no length"):  # the bare adapter cannot see the Trainer: it says so once
         next(iter(ptl_rl.to_dataloader(sampler)))
+    net3, sampler3 = build_pipeline()
+    with warnings.catch_warnings():  # a ptl_rl callback saw the Trainer's max_steps: no warning from the adapter
+        warnings.filterwarnings("error", message=".*no length")
+        trainer(L, max_steps=3, callbacks=[ptl_rl.EpisodeStatsLogger(sampler3)]).fit(
+            q_module_class(L)(net3), train_dataloaders=ptl_rl.to_dataloader(sampler3)
+        )
 
 
 # ---------------------------------------------------------------------------- checkpoints
