@@ -61,7 +61,9 @@ class NStepTransform:
     If the upstream has a ``stream_seq`` attribute (an ExperienceSource), a
     batch whose number is not one more than the previous one's means steps are
     missing between them: the windows in flight are then emitted as truncated
-    before that batch is folded.
+    before that batch is folded. The transform numbers its own batches the same
+    way (``stream_seq``, skipping a number after such a cut, an interrupted
+    call or a restore), for stages downstream that link steps across batches.
     """
 
     def __init__(self, upstream: Iterator[TransitionBatch] | None, n: int, gamma: float) -> None:
@@ -96,6 +98,7 @@ class NStepTransform:
         # set while a fold is under way: still set on entry means the previous call was interrupted
         self._in_fold = False
         self._upstream_seq: int | None = None  # stream_seq of the last upstream batch folded
+        self.stream_seq = 0  # number of the last batch yielded; skips one where the env streams were cut
         self._gamma_column = _read_only(np.zeros(0, dtype=np.float32))  # n=1: the discount column
 
     # ------------------------------------------------------------------ iteration
@@ -105,13 +108,18 @@ class NStepTransform:
     def __next__(self) -> TransitionBatch:
         if self.upstream is None:
             raise TypeError("this NStepTransform has no upstream; call fold(batch) instead")
+        # a cut in the streams (a gap upstream, an interrupted call, a restore) skips a number of our own
+        # stream_seq, so that a stage downstream that continues episodes across batches sees it too
+        cut = False
         while True:
             batch = next(self.upstream)
             seq = getattr(self.upstream, "stream_seq", None)
             # a skipped number: steps between the last batch folded and this one never reached us
             gap = seq is not None and self._upstream_seq is not None and seq != self._upstream_seq + 1
+            cut = cut or gap or self._in_fold or self._flush_on_next
             out = self._fold_step(batch, self._upstream_one_row_per_env, gap, seq)
             if out is not None:
+                self.stream_seq += 2 if cut else 1
                 return out
 
     # ------------------------------------------------------------------ folding

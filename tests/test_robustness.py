@@ -306,8 +306,8 @@ def test_real_keyboard_interrupts_inside_next_sampler(mode, cost_s):
     try:
         for _ in range(60):
             armed[0] = True
-            signal.setitimer(signal.ITIMER_REAL, float(rng.uniform(1e-5, 2e-3)))
-            try:
+            try:  # the timer is set inside the try: it may fire as soon as setitimer returns
+                signal.setitimer(signal.ITIMER_REAL, float(rng.uniform(1e-5, 2e-3)))
                 for _ in range(40):
                     next(sampler)
                 armed[0] = False

@@ -107,11 +107,15 @@ class ReplayBuffer:
             raise TypeError("this ReplayBuffer has no upstream to pull from; use add() and sample()")
         warming_up = len(self) < self.warmup
         while len(self) < self.warmup or self._credit < self.transitions_per_yield:
-            self._credit += len(self.add(next(self.upstream)))
+            self._credit += len(self._pull())
         if warming_up:  # the warm-up pays for the first yield only, not for a burst of them
             self._credit = min(self._credit, self.transitions_per_yield)
         self._credit -= self.transitions_per_yield
         return self
+
+    def _pull(self) -> np.ndarray:
+        """Add the upstream's next batch; returns its slots."""
+        return self.add(next(self.upstream))
 
     # ------------------------------------------------------------------ buffer
     def add(self, batch: TransitionBatch) -> np.ndarray:
