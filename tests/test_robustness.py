@@ -648,3 +648,139 @@ def test_replay_add_interrupted_between_fields_is_redone_in_full(kind):
         np.testing.assert_array_equal(stored["truncated"], ids % 3 == 0, err_msg=f"line {k}")
         # nothing of the interrupted batch is lost, and the ring order is kept
         assert sorted(ids.tolist()) == [5, 6, 7, 8], f"line {k}"
+
+
+# ---------------------------------------------------------------------- sequence replay
+def check_windows_continuous(buffer: Any) -> int:
+    """Every window the buffer can sample is consecutive steps of one episode; returns how many there are.
+
+    A ScriptedEnv's observation names (env, episode, step), so inside an episode the ``next_obs`` of a
+    step is the ``obs`` of the next one; across a cut (a reset without an episode end, or lost steps) it is not.
+    """
+    starts = np.flatnonzero(buffer.tree.leaves[: len(buffer)] > 0)
+    slots, mask = buffer.window_slots(starts)
+    stored = buffer.storage.gather(slots.reshape(-1))
+    obs = obs_code(ids_of(stored["obs"])).reshape(slots.shape)
+    next_obs = obs_code(ids_of(stored["next_obs"])).reshape(slots.shape)
+    done = (stored["terminated"] | stored["truncated"]).reshape(slots.shape)
+    pairs = mask[:, :-1] & mask[:, 1:]  # positions t and t+1 both hold real steps
+    assert (next_obs[:, :-1] == obs[:, 1:])[pairs].all(), "a window joins steps that do not follow each other"
+    assert not done[:, :-1][pairs].any(), "a window continues past an episode end"
+    return len(starts)
+
+
+@pytest.mark.parametrize("via_nstep", [False, True])
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])
+def test_sequence_windows_never_span_a_cut_upstream(mode, via_nstep):
+    """Peeks at the source and interrupts inside the env cut the envs' streams; windows must not span a cut."""
+    layouts = [[(40, TERM), (30, TRUNC)], [(25, TRUNC), (50, TERM)], [(60, BOTH)]]
+    env = make_env(layouts, mode, reward_seed=3)
+    source = ExperienceSource(env, Agent(3, seed=3), seed=3)
+    upstream = NStepTransform(source, 1, 0.9) if via_nstep else source
+    # 3 rows a yield: every next() pulls a vector step
+    buffer = ptl_rl.SequenceReplayBuffer(upstream, capacity=512, length=4, burn_in=2, warmup=0, transitions_per_yield=3)
+    injector = Injector(TARGETS)
+    rng = np.random.default_rng(3)
+    cuts = 0
+    for i in range(150):
+        if i % 15 == 5:
+            next(source)  # a peek: the buffer never sees that step
+            cuts += 1
+        elif i % 15 == 12:
+            with pytest.raises(KeyboardInterrupt):
+                # a few next() calls: one of them pulls from upstream (the others spend credit)
+                calls = lambda: [next(buffer) for _ in range(6)]  # noqa: E731, B023
+                injector.run(calls, "env", int(rng.integers(1, 4)), KeyboardInterrupt())
+            cuts += 1
+        else:
+            next(buffer)
+    assert cuts == 20
+    assert check_windows_continuous(buffer) > 100
+
+
+def _sequence_batches() -> list[TransitionBatch]:
+    """Steps of 3 envs with episode ends, in batches of one row per env and of several rows per env."""
+    rng = np.random.default_rng(5)
+    step, episode = np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int64)
+    batches = []
+    for b in range(14):
+        envs = np.array([0, 1, 2]) if b % 3 else rng.integers(0, 3, size=5)  # repeated envs: the grouped path
+        ids, next_ids, term, trunc = [], [], [], []
+        for e in envs:
+            ids.append((e, episode[e], step[e]))
+            end = rng.random() < 0.15
+            next_ids.append((e, episode[e], step[e] + 1))
+            term.append(end and rng.random() < 0.5)
+            trunc.append(end and not term[-1])
+            step[e], episode[e] = (0, episode[e] + 1) if end else (step[e] + 1, episode[e])
+        count = len(envs)
+        batches.append(
+            TransitionBatch(
+                obs=np.array(ids, dtype=np.int64),
+                action=np.arange(count, dtype=np.int64),
+                reward=rng.random(count).astype(np.float32),
+                next_obs=np.array(next_ids, dtype=np.int64),
+                terminated=np.array(term),
+                truncated=np.array(trunc),
+                discount=np.full(count, 0.9, dtype=np.float32),
+                env_id=envs.astype(np.int64),
+            )
+        )
+    return batches
+
+
+def _sequence_state(buffer: Any) -> dict[str, np.ndarray]:
+    stored = buffer.storage.gather(np.arange(len(buffer)))
+    return {
+        **{name: np.asarray(stored[name]) for name in stored.keys()},
+        "next_slot": buffer.next_slot,
+        "prev_slot": buffer.prev_slot,
+        "leaves": buffer.tree.leaves[: buffer.capacity],
+        "generations": buffer.generations,
+        "env_steps": buffer._env_steps,
+        "episode_start": buffer._episode_start,
+    }
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+@pytest.mark.parametrize("target", ["ptl_rl.buffers.sequence", "ptl_rl.buffers.storage"])
+def test_sequence_add_interrupted_anywhere_is_redone_in_full(target, prioritized):
+    """An interrupt at any line of an add (storage write or linking) changes nothing once the next add ran."""
+    batches = _sequence_batches()
+    target_file = sys.modules[target].__file__
+    injector = Injector({"target": lambda code: code.co_filename == target_file})
+
+    def build() -> Any:
+        return ptl_rl.SequenceReplayBuffer(None, capacity=16, length=3, burn_in=1, prioritized=prioritized, warmup=0)
+
+    clean = build()
+    for batch in batches:
+        clean.add(batch)
+    wrap = next(i for i in range(len(batches)) if sum(map(len, batches[: i + 1])) > 16 and len(batches[i]) == 5)
+    reference = build()
+    for batch in batches[:wrap]:
+        reference.add(batch)
+    injector.run(lambda: reference.add(batches[wrap]))
+    lines = injector.counts["target"]
+    assert lines > 10
+    # an interrupt before the add has recorded anything leaves it undone, as if it had never been called
+    never_called = build()
+    for batch in batches[:wrap] + batches[wrap + 1 :]:
+        never_called.add(batch)
+    outcomes = {"done": _sequence_state(clean), "undone": _sequence_state(never_called)}
+    seen = []
+    for k in range(1, lines + 1):
+        buffer = build()
+        for batch in batches[:wrap]:
+            buffer.add(batch)
+        with pytest.raises(KeyboardInterrupt):
+            injector.run(lambda: buffer.add(batches[wrap]), "target", k, KeyboardInterrupt())  # noqa: B023
+        for batch in batches[wrap + 1 :]:
+            buffer.add(batch)
+        got = _sequence_state(buffer)
+        same = [name for name, state in outcomes.items() if all(np.array_equal(got[f], v) for f, v in state.items())]
+        assert same, f"line {k}: the interrupted add was neither completed nor left undone"
+        seen.append(same[0])
+    # only the first lines of add (argument checks, before the record) may leave it undone
+    undone = [k for k, outcome in enumerate(seen, 1) if outcome == "undone"]
+    assert undone == list(range(1, len(undone) + 1)) and len(undone) <= (20 if "sequence" in target else 0), seen

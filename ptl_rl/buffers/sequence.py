@@ -127,6 +127,10 @@ class SequenceReplayBuffer(PrioritizedReplayBuffer):
         self._episode_start = np.zeros(0, dtype=np.int64)  # step number at which each env's episode began
         self._recent_slot = np.zeros((0, self.length), dtype=np.int64)  # slot of step k at [env, k % length]
         self._recent_gen = np.full((0, self.length), -1, dtype=np.int64)  # its generation, to see overwrites
+        # (storage counters, per-env state, batch) while an add is under way: still set on entry means the
+        # previous add was interrupted, with its rows maybe half written or half linked (see add)
+        self._journal: tuple[tuple[int, int, int], tuple[np.ndarray, ...], TransitionBatch] | None = None
+        self._upstream_seq: int | None = None  # stream_seq of the last upstream batch added
 
     @property
     def num_windows(self) -> int:
@@ -134,8 +138,39 @@ class SequenceReplayBuffer(PrioritizedReplayBuffer):
         return int(np.count_nonzero(self.tree.leaves[: len(self.storage)]))
 
     # ------------------------------------------------------------------ adding
+    def _pull(self) -> np.ndarray:
+        """Add the upstream's next batch, first ending every episode if the upstream's streams were cut."""
+        batch = next(self.upstream)
+        seq = getattr(self.upstream, "stream_seq", None)
+        if seq is not None and self._upstream_seq is not None and seq != self._upstream_seq + 1:
+            # steps are missing between the last batch added and this one (the source reset its envs
+            # after an interrupt or a crash, or someone pulled batches in between): no window may span them
+            self.end_episodes()
+        slots = self.add(batch)
+        self._upstream_seq = seq
+        return slots
+
+    def end_episodes(self) -> None:
+        """End every env's episode here: no step added later is linked to a step stored before.
+
+        Called by the buffer itself when its upstream's ``stream_seq`` skips a
+        number; call it when feeding :meth:`add` by hand from streams that were
+        cut (envs reset without a ``terminated``/``truncated`` step). An episode
+        cut shorter than ``length`` gives no window.
+        """
+        self._finish_interrupted_add()
+        self._episode_start = self._env_steps.copy()
+
     def add(self, batch: TransitionBatch) -> np.ndarray:
-        """Store the ``B`` steps of ``batch`` and link them into their episodes; returns their slots (int64 [B])."""
+        """Store the ``B`` steps of ``batch`` and link them into their episodes; returns their slots (int64 [B]).
+
+        Interrupt-safe: the state the linking changes per env is small, so it is
+        saved (with the storage's counters and the batch) before anything is
+        written. If an interrupt cuts an add short, the next ``add`` restores
+        that state and does the interrupted add again, in full, into the same
+        slots: the storage write and every link are idempotent from there.
+        """
+        self._finish_interrupted_add()
         _check_reserved(batch)
         missing = [name for name in _REQUIRED_FIELDS if name not in batch]
         if missing:
@@ -146,6 +181,34 @@ class SequenceReplayBuffer(PrioritizedReplayBuffer):
         env = np.asarray(batch["env_id"], dtype=np.int64)
         if len(env) and env.min() < 0:
             raise ValueError(f"env_id must be >= 0, got {env.min()}")
+        storage = self.storage
+        counters = (storage.cursor, storage.size, storage.total_added)
+        self._journal = (counters, self._per_env_state(), batch)
+        try:
+            slots = self._store_and_link(batch, env)
+        except (TypeError, ValueError):
+            if (storage.cursor, storage.size, storage.total_added) == counters:
+                self._journal = None  # the storage refused the batch before writing: an error, not an interrupt
+            raise
+        self._journal = None
+        return slots
+
+    def _finish_interrupted_add(self) -> None:
+        """Redo an add that an interrupt cut short (see :meth:`add`), from the state saved before it."""
+        if self._journal is None:
+            return
+        (cursor, size, total_added), per_env, batch = self._journal
+        storage = self.storage
+        storage.cursor, storage.size, storage.total_added = cursor, size, total_added
+        self._env_steps, self._episode_start, self._recent_slot, self._recent_gen = (a.copy() for a in per_env)
+        self._store_and_link(batch, np.asarray(batch["env_id"], dtype=np.int64))
+        self._journal = None
+
+    def _per_env_state(self) -> tuple[np.ndarray, ...]:
+        """Copies of the per-env arrays the linking advances (small: [E] and [E, length])."""
+        return (self._env_steps.copy(), self._episode_start.copy(), self._recent_slot.copy(), self._recent_gen.copy())
+
+    def _store_and_link(self, batch: TransitionBatch, env: np.ndarray) -> np.ndarray:
         old_size = len(self.storage)
         slots = self.storage.add(batch)
         if len(slots) == 0:
@@ -307,6 +370,7 @@ class SequenceReplayBuffer(PrioritizedReplayBuffer):
         """``batch_size`` windows as numpy arrays ``[B, burn_in + length, ...]`` with ``mask`` (see the class)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self._finish_interrupted_add()  # no window of a half-linked add is drawn
         if not self.tree.total > 0.0:
             raise ValueError(
                 f"no window of {self.length} steps is stored yet ({len(self.storage)} steps in the buffer); "
@@ -373,6 +437,7 @@ class SequenceReplayBuffer(PrioritizedReplayBuffer):
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """As the parent's, plus the episode links and per-env counters (``weights_only``-safe)."""
+        self._finish_interrupted_add()
         size = len(self.storage)
         state = super().state_dict()
         state.update(
@@ -391,6 +456,8 @@ class SequenceReplayBuffer(PrioritizedReplayBuffer):
                 f"the state was saved with length={state['recent_slot'].shape[1]}, this buffer has length="
                 f"{self.length}; create the buffer with the checkpoint's length"
             )
+        self._journal = None  # the restored state replaces whatever was being added
+        self._upstream_seq = None
         super().load_state_dict(state)
         size = len(self.storage)
         self.next_slot = np.arange(self.capacity, dtype=np.int64)
