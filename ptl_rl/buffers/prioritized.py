@@ -194,6 +194,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Stored fields come as numpy arrays ``[batch_size, ...]``; ``weights``
         float32 [B] (batch-max normalised, see the module docstring).
         """
+        self._finish_interrupted_add()
         self._check_batch_size(batch_size)
         indices, weights = self._draw(batch_size)
         batch = self.storage.gather(indices)

@@ -126,23 +126,31 @@ class ReplayBuffer:
         and some of the row it overwrites. The next ``add`` therefore first rolls the storage's
         counters back and writes the interrupted batch again, in full, into the same slots.
         """
+        self._finish_interrupted_add()
         storage = self.storage
-        if self._unfinished_add is not None:
-            cursor, size, total_added, unfinished = self._unfinished_add
-            storage.cursor, storage.size, storage.total_added = cursor, size, total_added
-            try:
-                storage.add(unfinished)
-            except (TypeError, ValueError):
-                # the storage rejects that batch: that was the error, not an interrupt, and a
-                # rejected batch is refused before anything is written
-                storage.cursor, storage.size, storage.total_added = cursor, size, total_added
         self._unfinished_add = (storage.cursor, storage.size, storage.total_added, batch)
         slots = storage.add(batch)
         self._unfinished_add = None
         return slots
 
+    def _finish_interrupted_add(self) -> None:
+        """Write again, in full, a batch whose add an interrupt cut short (before anything reads the storage)."""
+        if self._unfinished_add is None:
+            return
+        storage = self.storage
+        cursor, size, total_added, unfinished = self._unfinished_add
+        storage.cursor, storage.size, storage.total_added = cursor, size, total_added
+        try:
+            storage.add(unfinished)
+        except (TypeError, ValueError):
+            # the storage rejects that batch: that was the error, not an interrupt, and a
+            # rejected batch is refused before anything is written
+            storage.cursor, storage.size, storage.total_added = cursor, size, total_added
+        self._unfinished_add = None
+
     def sample(self, batch_size: int) -> TransitionBatch:
         """``batch_size`` transitions drawn uniformly with replacement, as numpy arrays [batch_size, ...]."""
+        self._finish_interrupted_add()  # a stage yields without pulling when it has credit: no add came first
         self._check_batch_size(batch_size)
         if not self.replacement:
             return self.storage.gather(self._only_sampleable(self.passes.next(batch_size, len(self.storage), self.rng)))
@@ -166,6 +174,7 @@ class ReplayBuffer:
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self._finish_interrupted_add()
         self._check_batch_size(1)  # the buffer holds something
         self.passes.start(len(self.storage), self.rng)
         while self.passes.remaining:
@@ -183,6 +192,7 @@ class ReplayBuffer:
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Stored transitions (tensors), cursor and RNG state: plain containers, ``weights_only``-safe."""
+        self._finish_interrupted_add()
         state = {"storage": self.storage.state_dict(), "rng": self.rng.bit_generator.state, "credit": self._credit}
         if not self.replacement:
             state["passes"] = self.passes.state_dict()
