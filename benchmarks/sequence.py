@@ -94,9 +94,9 @@ def components(buffer: SequenceReplayBuffer, batch: int, calls: int, rounds: int
     """CPU seconds of the three parts of a sample: the tree draw (O(log N)), the link hops for fixed
     starts (O(B (burn_in + L))) and the gather of fixed windows (O(B (burn_in + L)) rows), the last two
     cache-warm, so that only the work the buffer does is measured, not the memory's latency."""
-    starts = buffer._draw_uniform(batch)
+    starts = buffer.draws.draw(buffer.rng, batch)[0]
     slots, _ = buffer.window_slots(starts)
-    draw = per_call(lambda: buffer._draw_uniform(batch), calls, rounds)[1]
+    draw = per_call(lambda: buffer.draws.draw(buffer.rng, batch), calls, rounds)[1]
     hops = per_call(lambda: buffer.window_slots(starts), calls, rounds)[1]
     gather = per_call(lambda: buffer.storage.gather(slots), calls, rounds)[1]
     return draw, hops, gather

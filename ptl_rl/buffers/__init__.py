@@ -1,6 +1,8 @@
 """Replay storage and buffers."""
 
+from ptl_rl.buffers.draws import PriorityDraws, SlotDraws
 from ptl_rl.buffers.frames import FrameStorage
+from ptl_rl.buffers.indexed import IndexedReplayBuffer
 from ptl_rl.buffers.persist import load_buffer, save_buffer
 from ptl_rl.buffers.prioritized import PrioritizedReplayBuffer, PriorityFeedback
 from ptl_rl.buffers.replay import ReplayBuffer
@@ -13,12 +15,15 @@ from ptl_rl.buffers.sumtree import SumTree
 __all__ = [
     "ArrayStorage",
     "FrameStorage",
+    "IndexedReplayBuffer",
+    "PriorityDraws",
     "PrioritizedReplayBuffer",
     "PriorityFeedback",
     "ReplayBuffer",
     "RolloutBuffer",
     "SequenceReplayBuffer",
     "ShuffledPasses",
+    "SlotDraws",
     "SumTree",
     "load_buffer",
     "save_buffer",

@@ -34,14 +34,14 @@ import numpy as np
 import torch
 
 from ptl_rl.batch import TransitionBatch
-from ptl_rl.buffers.frames import redraw_unsampleable
-from ptl_rl.buffers.prioritized import PrioritizedReplayBuffer, Schedule, _check_reserved
+from ptl_rl.buffers.draws import Schedule
+from ptl_rl.buffers.indexed import IndexedReplayBuffer, check_reserved_fields
 from ptl_rl.reprs import stage_repr
 
 _REQUIRED_FIELDS = ("env_id", "terminated", "truncated")
 
 
-class SequenceReplayBuffer(PrioritizedReplayBuffer):
+class SequenceReplayBuffer(IndexedReplayBuffer):
     """Replay of sequences: ``B`` windows of ``burn_in + length`` steps, each from one episode of one env.
 
     Batch layout (numpy from :meth:`sample`, torch after the sampler), with
@@ -107,7 +107,8 @@ class SequenceReplayBuffer(PrioritizedReplayBuffer):
         super().__init__(
             upstream,
             capacity,
-            alpha=alpha if prioritized else 0.0,  # alpha 0: every window start has leaf 1, i.e. uniform
+            prioritized=prioritized,  # else draws are uniform over the window starts
+            alpha=alpha,
             beta=beta,
             beta_clock=beta_clock,
             eps=eps,
@@ -119,7 +120,6 @@ class SequenceReplayBuffer(PrioritizedReplayBuffer):
         )
         self.length = int(length)
         self.burn_in = int(burn_in)
-        self.prioritized = bool(prioritized)
         slots = np.arange(self.capacity, dtype=np.int64)
         self.next_slot = slots.copy()  # self-link: no following step (yet)
         self.prev_slot = slots.copy()  # self-link: no preceding step stored
@@ -171,7 +171,7 @@ class SequenceReplayBuffer(PrioritizedReplayBuffer):
         slots: the storage write and every link are idempotent from there.
         """
         self._finish_interrupted_add()
-        _check_reserved(batch)
+        check_reserved_fields(batch)
         missing = [name for name in _REQUIRED_FIELDS if name not in batch]
         if missing:
             raise ValueError(f"a SequenceReplayBuffer needs the fields {missing} to find episodes; add them per step")
@@ -214,7 +214,7 @@ class SequenceReplayBuffer(PrioritizedReplayBuffer):
         if len(slots) == 0:
             return slots
         self._stamp(slots)
-        best = self._max_priority_kept(slots, old_size)  # over the starts not overwritten now
+        best = self.draws.weight_for_new(slots, old_size)  # 1, or the largest priority of the starts kept
         overwrote = old_size + len(slots) > self.capacity
         if overwrote:
             self._unlink(slots)
@@ -376,22 +376,11 @@ class SequenceReplayBuffer(PrioritizedReplayBuffer):
                 f"no window of {self.length} steps is stored yet ({len(self.storage)} steps in the buffer); "
                 "raise warmup so that sampling starts once episodes have run for `length` steps"
             )
-        if self.prioritized:
-            starts, weights = self._draw(batch_size)
-        else:
-            starts, weights = self._draw_uniform(batch_size), None
+        starts, weights = self._draw(batch_size)
         slots, mask = self.window_slots(starts)
         batch = self.storage.gather(slots)
         batch["mask"] = mask
         return self._finish(batch, starts, weights)
-
-    def _draw_uniform(self, batch_size: int) -> np.ndarray:
-        self.batches_sampled += 1
-        starts = self.tree.sample(self.rng.random(batch_size), self.stratified)[0]
-        if hasattr(self.storage, "sampleable"):
-            draw = lambda count: (self.tree.sample(self.rng.random(count), False)[0],)  # noqa: E731
-            (starts,) = redraw_unsampleable(self._sampleable, (starts,), draw)
-        return starts
 
     def _sampleable(self, starts: np.ndarray) -> np.ndarray:
         """Windows whose every real step the storage can sample (e.g. its next_obs has arrived), bool [B]."""
@@ -420,12 +409,6 @@ class SequenceReplayBuffer(PrioritizedReplayBuffer):
         return np.ascontiguousarray(out.T), np.ascontiguousarray(mask.T)
 
     # ------------------------------------------------------------------ priorities
-    def update_priorities(self, indices: Any, priorities: Any, generations: Any = None) -> int:
-        """Set the priorities of the windows starting at ``indices`` (see the parent class); prioritized mode only."""
-        if not self.prioritized:
-            raise TypeError("this SequenceReplayBuffer samples uniformly; create it with prioritized=True")
-        return super().update_priorities(indices, priorities, generations)
-
     def _check_targets(self, idx: np.ndarray) -> None:
         if len(idx) and not (self.tree.get(idx) > 0.0).all():
             bad = idx[self.tree.get(idx) <= 0.0][:5].tolist()
