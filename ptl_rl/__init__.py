@@ -39,7 +39,8 @@ from ptl_rl.nstep import NStepTransform
 from ptl_rl.offline import MinariRecorder, MinariSource, minari_replay_buffer, open_minari_dataset
 from ptl_rl.ranks import assign_rank, rank_seed
 from ptl_rl.sampler import BatchSampler
-from ptl_rl.selectors import ArgmaxSelector, EpsilonGreedySelector, LinearSchedule
+from ptl_rl.schedules import LinearSchedule
+from ptl_rl.selectors import ArgmaxSelector, EpsilonGreedySelector
 from ptl_rl.source import Episode, ExperienceSource
 from ptl_rl.stages import find_stage, load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
 

@@ -13,7 +13,8 @@ from torch import nn
 
 from ptl_rl.distributions import ActionDistribution, ActionRescaler, Categorical, MultiCategorical, uniform_log_prob
 from ptl_rl.ranks import rank_seed
-from ptl_rl.selectors import EpsilonGreedySelector, LinearSchedule
+from ptl_rl.schedules import LinearSchedule, as_schedule
+from ptl_rl.selectors import EpsilonGreedySelector
 
 
 class _DeviceOf:
@@ -421,7 +422,7 @@ class DeterministicActorAgent(_SeededAgentState):
     ) -> None:
         self.actor = actor
         self.rescaler = ActionRescaler(action_space)
-        self.schedule = noise_std if callable(noise_std) else (lambda _step, std=float(noise_std): std)
+        self.schedule = as_schedule(noise_std)
         self.noise_std = float(self.schedule(0))
         self.warmup_steps = int(warmup_steps)
         self.total_steps = 0

@@ -37,6 +37,7 @@ import numpy as np
 from gymnasium import spaces
 
 from ptl_rl.batch import TransitionBatch, tree_leaves, tree_map
+from ptl_rl.grouping import rank_within_group
 from ptl_rl.ranks import distributed_rank, rank_seed
 from ptl_rl.reprs import stage_repr
 
@@ -751,10 +752,7 @@ class MinariRecorder:
         if one_row_per_env or len(np.unique(env_id)) == len(env_id):
             self._record_unique(batch, env_id)
         else:  # several steps of one env in one batch: add them occurrence by occurrence, in time order
-            order = np.argsort(env_id, kind="stable")
-            sorted_ids = env_id[order]
-            occurrence = np.empty(len(env_id), dtype=np.int64)
-            occurrence[order] = np.arange(len(env_id)) - np.searchsorted(sorted_ids, sorted_ids, side="left")
+            occurrence = rank_within_group(env_id)
             for k in range(int(occurrence.max()) + 1):
                 rows = np.flatnonzero(occurrence == k)
                 self._record_unique(batch.rows(rows), env_id[rows])

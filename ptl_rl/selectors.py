@@ -2,32 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ptl_rl.ranks import rank_seed
+from ptl_rl.schedules import LinearSchedule, Schedule, as_schedule
 
-
-class LinearSchedule:
-    """``start`` at step 0, moving linearly to ``end`` at ``duration`` steps, then constant.
-
-    Call it with an env-step count: ``LinearSchedule(1.0, 0.05, 10_000)(5_000) == 0.525``.
-    """
-
-    def __init__(self, start: float, end: float, duration: int) -> None:
-        if duration < 0:
-            raise ValueError(f"duration must be >= 0, got {duration}")
-        self.start, self.end, self.duration = float(start), float(end), int(duration)
-
-    def __call__(self, step: int) -> float:
-        if self.duration == 0 or step >= self.duration:
-            return self.end
-        return self.start + (self.end - self.start) * step / self.duration
-
-
-Schedule = Callable[[int], float]
+__all__ = ["ArgmaxSelector", "EpsilonGreedySelector", "LinearSchedule", "Schedule"]
 
 
 class ArgmaxSelector:
@@ -52,7 +34,7 @@ class EpsilonGreedySelector:
     """
 
     def __init__(self, epsilon: float | Schedule = 0.1, seed: int | None = None) -> None:
-        self.schedule = epsilon if callable(epsilon) else (lambda _step, eps=float(epsilon): eps)
+        self.schedule = as_schedule(epsilon)
         self.epsilon = self.schedule(0)
         self.seed = seed
         self.rank = 0

@@ -25,8 +25,8 @@ import torch
 
 from ptl_rl.buffers.frames import redraw_unsampleable
 from ptl_rl.buffers.sumtree import SumTree
+from ptl_rl.schedules import Schedule, as_schedule
 
-Schedule = Callable[[int], float]
 BETA_CLOCKS = ("learner", "env")
 _LOG_MAX_FLOAT = math.log(np.finfo(np.float64).max) - 1.0  # margin for the rounding of pow
 
@@ -127,7 +127,7 @@ class PriorityDraws(SlotDraws):
         super().__init__(capacity, stratified)
         self.alpha = float(alpha)
         self.eps = float(eps)
-        self.beta_schedule: Schedule = beta if callable(beta) else (lambda _step, b=float(beta): b)
+        self.beta_schedule: Schedule = as_schedule(beta)
         self.beta_clock = beta_clock
         self.env_clock = env_clock
         self.stale_updates = 0  # priority updates ignored because their slot was overwritten since sampling

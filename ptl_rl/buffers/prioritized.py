@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from ptl_rl.batch import TransitionBatch
-from ptl_rl.buffers.draws import Schedule
 from ptl_rl.buffers.indexed import (
     SAMPLE_FIELDS,
     IndexedReplayBuffer,
@@ -35,6 +34,7 @@ from ptl_rl.buffers.indexed import (
     to_numpy_1d,
 )
 from ptl_rl.reprs import stage_repr
+from ptl_rl.schedules import Schedule
 
 __all__ = ["SAMPLE_FIELDS", "PrioritizedReplayBuffer", "PriorityFeedback", "Schedule", "to_numpy_1d"]
 

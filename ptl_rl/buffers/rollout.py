@@ -53,31 +53,24 @@ import torch
 
 from ptl_rl.batch import TorchBatch, TransitionBatch, tree_map
 from ptl_rl.gae import compute_gae
+from ptl_rl.grouping import rank_within_group
 from ptl_rl.reprs import stage_repr
+from ptl_rl.stages import pipeline_stages
 
 ValueFn = Callable[[Any], np.ndarray]
 _NORMALIZE = ("minibatch", "rollout", None)
 
 
 def _find_value_fn(upstream: Any) -> ValueFn | None:
-    """The ``value`` method of the agent of the first stage upstream that has one (an ActorCriticAgent)."""
-    stage = upstream
-    while stage is not None:
+    """The critic of the nearest stage upstream whose agent has one: its public ``agent.value(obs)`` method.
+
+    An agent with a ``value(obs) -> float [B]`` method is a critic (ActorCriticAgent is one).
+    """
+    for stage in reversed(pipeline_stages(upstream)):
         value = getattr(getattr(stage, "agent", None), "value", None)
         if callable(value):
             return value
-        stage = getattr(stage, "upstream", None)
     return None
-
-
-def _rank_within_group(group: np.ndarray) -> np.ndarray:
-    """For int [B] group labels, each row's position among earlier rows of its group (int64 [B])."""
-    order = np.argsort(group, kind="stable")
-    sorted_group = group[order]
-    first = np.searchsorted(sorted_group, sorted_group, side="left")
-    rank = np.empty(len(group), dtype=np.int64)
-    rank[order] = np.arange(len(group)) - first
-    return rank
 
 
 def _normalized(advantage: np.ndarray) -> np.ndarray:
@@ -258,7 +251,7 @@ class RolloutBuffer:
         else:
             # envs at different positions (next-step autoreset dropped rows): scatter into the flat views
             unique = size == 1 or bool((env[1:] > env[:-1]).all())  # one row per env, as a source yields them
-            pos = self._count[env] if unique else self._count[env] + _rank_within_group(env)
+            pos = self._count[env] if unique else self._count[env] + rank_within_group(env)
             if pos.max() >= self.capacity_per_env:
                 self._overflow()
             if unique:
