@@ -22,6 +22,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scripted_env import (
@@ -40,10 +41,19 @@ from scripted_env import (
 import ptl_rl
 from ptl_rl import ExperienceSource, NStepTransform, ReplayBuffer, TransitionBatch
 
-STAGE_FILES = tuple(
-    sys.modules[name].__file__
-    for name in ("ptl_rl.source", "ptl_rl.nstep", "ptl_rl.batch", "ptl_rl.buffers.replay", "ptl_rl.buffers.storage")
+STAGE_MODULES = (
+    "ptl_rl.source",
+    "ptl_rl.nstep",
+    "ptl_rl.batch",
+    "ptl_rl.buffers.replay",
+    "ptl_rl.buffers.storage",
+    "ptl_rl.buffers.indexed",
+    "ptl_rl.buffers.prioritized",
+    "ptl_rl.buffers.draws",
+    "ptl_rl.buffers.sumtree",
+    "ptl_rl.sampler",
 )
+STAGE_FILES = tuple(sys.modules[name].__file__ for name in STAGE_MODULES)
 
 
 # ---------------------------------------------------------------------- reference
@@ -213,7 +223,17 @@ def fault_scenarios(draw):
         # per next() call: None (a clean call) or a fault
         "calls": draw(st.lists(st.none() | fault_st, min_size=6, max_size=24)),
         "seed": draw(st.integers(0, 2**16)),
+        "prioritized": draw(st.booleans()),
     }
+
+
+def _torch_rows(batch: Any) -> dict[str, Any]:
+    """A sampled TorchBatch as numpy rows (stored fields only), for the reference check."""
+
+    def to_numpy(value: Any) -> Any:
+        return {k: to_numpy(v) for k, v in value.items()} if isinstance(value, dict) else value.numpy().copy()
+
+    return {name: to_numpy(batch[name]) for name in batch.keys() if name not in ("indices", "generations", "weights")}
 
 
 @pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled", "single"])
@@ -221,7 +241,8 @@ def fault_scenarios(draw):
 @given(s=fault_scenarios())
 def test_faults_inside_next_never_leave_wrong_rows(mode, s):
     """Exceptions and KeyboardInterrupts at random points of the env, the agent and the stages'
-    own statements (source, n-step, replay buffer): every row stays right and the pipeline keeps working."""
+    own statements (source, n-step, uniform or prioritized replay, sampler): every row stays right, in
+    the replay and in every batch the sampler hands out, and the pipeline keeps working."""
     layouts, n, gamma = s["layouts"], s["n"], s["gamma"]
     if mode == "single":  # a plain gymnasium.Env: the source resets it itself
         layouts = layouts[:1]
@@ -231,26 +252,36 @@ def test_faults_inside_next_never_leave_wrong_rows(mode, s):
     nstep = NStepTransform(source, n, gamma)
     recorder = Recorder(nstep)
     # a small ring, so that interrupted writes land in slots that hold visible rows
-    replay = ReplayBuffer(recorder, capacity=16, warmup=0, transitions_per_yield=1)
+    buffer_type = ptl_rl.PrioritizedReplayBuffer if s["prioritized"] else ReplayBuffer
+    replay = buffer_type(recorder, capacity=16, warmup=4, transitions_per_yield=1, seed=s["seed"])
+    sampler = ptl_rl.BatchSampler(replay, batch_size=4)
+    sampled = []
+
+    def step() -> None:
+        batch = next(sampler)
+        sampled.append(_torch_rows(batch))
+        if s["prioritized"]:
+            batch.update_priorities(torch.rand(len(batch), generator=torch.Generator().manual_seed(len(sampled))))
+
     injector = Injector(TARGETS)
     lines = dict.fromkeys(TARGETS, 0)  # most lines of each kind seen in one clean call
     faults = 0
     for call in s["calls"]:
         if call is None or not lines[call[0]]:
-            injector.run(lambda: next(replay))
+            injector.run(step)
             lines = {kind: max(lines[kind], count) for kind, count in injector.counts.items()}
             continue
         target, where, kind = call
         exc = KeyboardInterrupt() if kind == "interrupt" else InjectedFault()
         try:
-            injector.run(lambda: next(replay), target, 1 + int(where * lines[target]), exc)
+            injector.run(step, target, 1 + int(where * lines[target]), exc)
         except (KeyboardInterrupt, InjectedFault) as raised:
             assert raised is exc
             faults += 1
             FIRED[mode, target, kind] += 1
     # the pipeline keeps working: clean calls yield, and every source batch still reaches the buffer
     for _ in range(3):
-        next(replay)
+        step()
     emitted = [*recorder.batches, nstep.flush()]
     records = env_attr(env, "record")
     codes = check_rows(emitted, records, n, gamma)
@@ -261,6 +292,9 @@ def test_faults_inside_next_never_leave_wrong_rows(mode, s):
         assert not missing
     stored = replay.storage.gather(np.arange(len(replay)))
     check_rows([stored], records, n, gamma)
+    for batch in sampled:  # drawn with replacement: check each distinct row of each batch
+        _, first = np.unique(obs_code(ids_of(batch["obs"])), return_index=True)
+        check_rows([TransitionBatch(batch).rows(first)], records, n, gamma)
     env.close()
 
 
@@ -640,7 +674,7 @@ def test_replay_add_interrupted_between_fields_is_redone_in_full(kind, then):
             injector.run(lambda: buffer.add(_rows([5, 6, 7])), "storage", k, KeyboardInterrupt())  # noqa: B023
         if then == "add":
             buffer.add(_rows([8]))  # smaller than the interrupted batch: cannot hide a mixed row by overwriting it
-        else:  # a stage with credit left yields to the sampler without adding first
+        else:  # a buffer filled by hand in a notebook, sampled right after the interrupted add
             buffer.sample(2)
         stored = buffer.storage.gather(np.arange(len(buffer)))
         ids = stored["env_id"]

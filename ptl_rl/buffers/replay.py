@@ -150,7 +150,7 @@ class ReplayBuffer:
 
     def sample(self, batch_size: int) -> TransitionBatch:
         """``batch_size`` transitions drawn uniformly with replacement, as numpy arrays [batch_size, ...]."""
-        self._finish_interrupted_add()  # a stage yields without pulling when it has credit: no add came first
+        self._finish_interrupted_add()  # a buffer filled by hand may be sampled right after an interrupted add
         self._check_batch_size(batch_size)
         if not self.replacement:
             return self.storage.gather(self._only_sampleable(self.passes.next(batch_size, len(self.storage), self.rng)))
