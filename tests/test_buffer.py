@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from stats import SIGNIFICANCE, chi_square_quantile, chi_square_statistic
 
 from ptl_rl import ReplayBuffer, TransitionBatch
 
@@ -87,10 +88,9 @@ def test_uniform_sampling_frequencies_chi_square() -> None:
     counts = np.zeros(capacity)
     for _ in range(draws // 64):
         np.add.at(counts, buffer.sample(64)["action"] - 36, 1)
-    expected = draws / capacity
-    chi2 = ((counts - expected) ** 2 / expected).sum()
-    # 63 degrees of freedom: the 0.999 quantile is 103.4; a biased sampler lands far above it
-    assert chi2 < 103.4, chi2
+    chi2, dof = chi_square_statistic(counts, np.full(capacity, 1.0 / capacity))
+    assert dof == capacity - 1
+    assert chi2 < chi_square_quantile(dof, SIGNIFICANCE), chi2  # a biased sampler lands far above it
     assert counts.min() > 0
 
 

@@ -15,8 +15,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from nstep_reference import reference_nstep
 from scripted_env import BOTH, MODES, TERM, TRUNC, ScriptedAgent, env_attr, ids_of, make_env, obs_code, scripted_batches
-from test_nstep import reference_nstep
 
 import ptl_rl
 from ptl_rl import (

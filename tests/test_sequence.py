@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_prioritized import SIGNIFICANCE, chi_square_quantile, chi_square_statistic
+from stats import SIGNIFICANCE, chi_square_quantile, chi_square_statistic
 
 from ptl_rl import BatchSampler, ExperienceSource, SequenceReplayBuffer, TransitionBatch
 
