@@ -37,8 +37,8 @@ class BatchSampler:
 
     Without ``device``/``pin_memory`` the tensors share memory with the freshly
     gathered numpy arrays (no copy beyond the gather itself). Field names,
-    shapes and dtypes are those of the buffer: ``obs`` [B, *obs_shape],
-    ``action`` [B, *action_shape], ``reward``/``discount`` float32 [B],
+    shapes and dtypes are those of the buffer: ``obs`` ``[B, *obs_shape]``,
+    ``action`` ``[B, *action_shape]``, ``reward``/``discount`` float32 [B],
     ``terminated``/``truncated`` bool [B], ``env_id`` int64 [B], extras.
 
     Wiring mistakes are reported here rather than at the first ``next()``: a

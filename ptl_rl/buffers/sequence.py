@@ -71,8 +71,7 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
         prioritized: sample windows proportionally to ``priority ** alpha`` of
             their start (with importance weights), else uniformly over the
             window starts.
-        upstream, capacity, alpha, beta, beta_clock, eps, stratified, warmup,
-            transitions_per_yield, seed: as for
+        upstream, capacity, alpha, beta, beta_clock, eps, stratified, warmup, transitions_per_yield, seed: as for
             :class:`~ptl_rl.buffers.PrioritizedReplayBuffer` (``alpha``,
             ``beta``, ``beta_clock`` only matter with ``prioritized``).
 
