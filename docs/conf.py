@@ -153,6 +153,8 @@ def _resolve_by_suffix(app, env, node, contnode):  # noqa: ANN001, ANN201 - Sphi
     if parts[0] != "ptl_rl":
         return None
     for start in range(1, len(parts)):
+        if not parts[start - 1].islower():
+            break  # drop module names only: "ptl_rl.x.Unknown.state_dict" must not become "state_dict"
         for prefix in ("ptl_rl.", "ptl_rl.buffers.", "ptl_rl.distributed."):
             entry = objects.get(prefix + ".".join(parts[start:]))
             if entry is not None:

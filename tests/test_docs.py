@@ -6,6 +6,7 @@ that was renamed, a design page missing from the site: each fails here with Sphi
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,49 @@ def test_docs_build_without_warnings(tmp_path: Path) -> None:
     buffers = (html / "api" / "buffers.html").read_text(encoding="utf-8")
     assert "Proportional prioritized replay" in buffers and "update_priorities" in buffers
     assert "Examples" in buffers
+
+
+def _conf():
+    spec = importlib.util.spec_from_file_location("ptl_rl_docs_conf", ROOT / "docs" / "conf.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+README = """Title
+=====
+
+Intro text.
+
+First
+-----
+
+first body
+
+Sub
+~~~
+
+sub body
+
+Second
+------
+
+second body
+"""
+
+
+def test_readme_section_takes_a_section_with_its_subsections(tmp_path: Path) -> None:
+    readme = tmp_path / "README.rst"
+    readme.write_text(README)
+    section = _conf().readme_section
+    assert section("First", readme) == ["", "first body", "", "Sub", "~~~", "", "sub body", ""]
+    assert section("Sub", readme) == ["", "sub body", ""]
+    assert section("Second", readme) == ["", "second body"]
+    assert section("Title", readme, intro=True) == ["", "Intro text.", ""]
+
+
+def test_readme_section_names_the_sections_it_has_when_a_title_is_missing(tmp_path: Path) -> None:
+    readme = tmp_path / "README.rst"
+    readme.write_text(README)
+    with pytest.raises(ValueError, match=r"no section 'Third' \(its sections: 'Title', 'First', 'Sub', 'Second'\)"):
+        _conf().readme_section("Third", readme)
