@@ -69,6 +69,25 @@ class DQNAgent:
     Q-values need a ``Discrete`` action space: the source checks that when it
     is built (:attr:`action_spaces`), and so does the constructor when given
     the optional ``action_space``.
+
+    Examples:
+        >>> import numpy as np
+        >>> import torch
+        >>> from torch import nn
+        >>> import ptl_rl
+        >>> net = nn.Linear(4, 2)
+        >>> with torch.no_grad():  # action 1 always has the larger Q-value
+        ...     _ = net.weight.zero_(), net.bias.copy_(torch.tensor([0.0, 1.0]))
+        >>> greedy = ptl_rl.DQNAgent(net, ptl_rl.ArgmaxSelector())
+        >>> greedy(np.zeros((3, 4), dtype=np.float32))
+        array([1, 1, 1])
+        >>> epsilon = ptl_rl.LinearSchedule(1.0, 0.05, 1_000)
+        >>> explore = ptl_rl.DQNAgent(net, ptl_rl.EpsilonGreedySelector(epsilon, seed=0))
+        >>> explore(np.zeros((3, 4), dtype=np.float32))  # epsilon 1.0 at first: uniformly random
+        array([0, 0, 0])
+        >>> explore.on_env_steps(1_000)  # the source calls this after every step
+        >>> explore.selector.epsilon
+        0.05
     """
 
     action_spaces = (spaces.Discrete,)

@@ -209,6 +209,22 @@ class TransitionBatch(_FieldBatch):
 
     Index it with a string for a field (``batch["obs"]``), read fields as
     attributes (``batch.reward``), and select rows with :meth:`rows`.
+
+    Examples:
+        >>> import numpy as np
+        >>> from ptl_rl import TransitionBatch
+        >>> batch = TransitionBatch({
+        ...     "obs": np.zeros((3, 2), dtype=np.float32),
+        ...     "reward": np.array([1.0, 0.0, 2.0], dtype=np.float32),
+        ... })
+        >>> len(batch), batch.obs.shape, batch["reward"]  # len counts rows, not fields
+        (3, (3, 2), array([1., 0., 2.], dtype=float32))
+        >>> batch.rows(batch.reward > 0).reward
+        array([1., 2.], dtype=float32)
+        >>> len(TransitionBatch.concat([batch, batch])), sorted(batch.keys())
+        (6, ['obs', 'reward'])
+        >>> batch.to_torch().reward  # zero copy: the tensors share the arrays' memory
+        tensor([1., 0., 2.])
     """
 
     __slots__ = ()

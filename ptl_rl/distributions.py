@@ -347,7 +347,7 @@ class ActionRescaler:
         self.low, self.high, self.dtype = space.low, space.high, space.dtype
 
     def to_env(self, action: np.ndarray) -> np.ndarray:
-        """Policy actions float [N, *shape] -> env actions [N, *shape] in the space's dtype, within bounds."""
+        """Policy actions float ``[N, *shape]`` -> env actions ``[N, *shape]`` in the space's dtype, within bounds."""
         action = np.asarray(action, dtype=np.float64)
         rescaled = np.where(self.bounded, self.bias + self.scale * np.clip(action, -1.0, 1.0), action)
         # the final clip in the space's dtype: rounding to float32 may step just outside [low, high]

@@ -216,6 +216,17 @@ def to_dataloader(
     The pipeline's state is checkpointed only with a :class:`PipelineCheckpoint`
     callback (or through :class:`RLDataModule`); the loader warns when a
     checkpoint is written without one.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import numpy as np
+        >>> import ptl_rl
+        >>> env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+        >>> source = ptl_rl.ExperienceSource(env, lambda obs: np.zeros(len(obs), dtype=np.int64), seed=0)
+        >>> sampler = ptl_rl.BatchSampler(ptl_rl.ReplayBuffer(source, 1_000, warmup=16), batch_size=8)
+        >>> loader = ptl_rl.to_dataloader(sampler, steps_per_epoch=3)  # trainer.fit(model, train_dataloaders=loader)
+        >>> len(loader), [batch.reward.shape for batch in loader]
+        (3, [torch.Size([8]), torch.Size([8]), torch.Size([8])])
     """
     _check_last_stage(pipeline)
     for message in _IRRELEVANT_WARNINGS:

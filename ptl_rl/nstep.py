@@ -64,6 +64,32 @@ class NStepTransform:
     before that batch is folded. The transform numbers its own batches the same
     way (``stream_seq``, skipping a number after such a cut, an interrupted
     call or a restore), for stages downstream that link steps across batches.
+
+    Examples:
+        Four steps of one env, the episode terminating at the last, folded into 2-step transitions:
+
+        >>> import numpy as np
+        >>> import ptl_rl
+        >>> steps = ptl_rl.TransitionBatch({
+        ...     "obs": np.arange(4, dtype=np.float32)[:, None],
+        ...     "action": np.zeros(4, dtype=np.int64),
+        ...     "reward": np.ones(4, dtype=np.float32),
+        ...     "next_obs": np.arange(1, 5, dtype=np.float32)[:, None],
+        ...     "terminated": np.array([False, False, False, True]),
+        ...     "truncated": np.zeros(4, dtype=bool),
+        ...     "discount": np.full(4, 0.5, dtype=np.float32),
+        ...     "env_id": np.zeros(4, dtype=np.int64),
+        ... })
+        >>> out = ptl_rl.NStepTransform(None, n=2, gamma=0.5).fold(steps)
+        >>> out.obs[:, 0], out.next_obs[:, 0]  # the last window holds one step: the episode ended
+        (array([0., 1., 2., 3.], dtype=float32), array([2., 3., 4., 4.], dtype=float32))
+        >>> out.reward  # 1 + 0.5 * 1 over two steps
+        array([1.5, 1.5, 1.5, 1. ], dtype=float32)
+        >>> out.discount, out.terminated  # gamma**k for the k steps summed
+        (array([0.25, 0.25, 0.25, 0.5 ], dtype=float32), array([False, False,  True,  True]))
+
+        As a stage: ``ptl_rl.NStepTransform(source, n=3, gamma=0.99)`` yields the
+        n-step transitions of each batch the source yields.
     """
 
     def __init__(self, upstream: Iterator[TransitionBatch] | None, n: int, gamma: float) -> None:

@@ -37,8 +37,8 @@ class BatchSampler:
 
     Without ``device``/``pin_memory`` the tensors share memory with the freshly
     gathered numpy arrays (no copy beyond the gather itself). Field names,
-    shapes and dtypes are those of the buffer: ``obs`` [B, *obs_shape],
-    ``action`` [B, *action_shape], ``reward``/``discount`` float32 [B],
+    shapes and dtypes are those of the buffer: ``obs`` ``[B, *obs_shape]``,
+    ``action`` ``[B, *action_shape]``, ``reward``/``discount`` float32 [B],
     ``terminated``/``truncated`` bool [B], ``env_id`` int64 [B], extras.
 
     Wiring mistakes are reported here rather than at the first ``next()``: a
@@ -46,6 +46,20 @@ class BatchSampler:
     of a buffer, a :class:`~ptl_rl.buffers.RolloutBuffer` (which batches by
     itself), and a ``batch_size`` larger than the buffer's ``warmup`` (the
     first sample would fail only after the whole warm-up).
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import numpy as np
+        >>> import ptl_rl
+        >>> env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+        >>> source = ptl_rl.ExperienceSource(env, lambda obs: np.zeros(len(obs), dtype=np.int64), seed=0)
+        >>> buffer = ptl_rl.ReplayBuffer(ptl_rl.NStepTransform(source, n=3, gamma=0.99), 1_000, warmup=16, seed=0)
+        >>> sampler = ptl_rl.BatchSampler(buffer, batch_size=8)
+        >>> batch = next(sampler)
+        >>> type(batch).__name__, batch.obs.shape, batch.obs.dtype, batch.terminated.dtype
+        ('TorchBatch', torch.Size([8, 4]), torch.float32, torch.bool)
+        >>> batch.discount.unique()  # gamma**3 (gamma**k, k < 3, for windows cut short by an episode end)
+        tensor([0.9703])
     """
 
     def __init__(

@@ -182,6 +182,23 @@ class ExperienceSource:
     gymnasium's own) become float32, the dtype networks use, so the agent acts
     on and the buffer stores what the learner trains on. ``cast_float64=False``
     keeps float64 end to end.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import numpy as np
+        >>> import ptl_rl
+        >>> env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+        >>> push_left = lambda obs: np.zeros(len(obs), dtype=np.int64)  # any callable obs [N, 4] -> actions [N]
+        >>> source = ptl_rl.ExperienceSource(env, push_left, gamma=0.99, seed=0)
+        >>> batch = next(source)
+        >>> batch.obs.shape, batch.obs.dtype, batch.action.shape, batch.env_id
+        ((2, 4), dtype('float32'), (2,), array([0, 1]))
+        >>> batch.reward, batch.discount, batch.terminated
+        (array([1., 1.], dtype=float32), array([0.99, 0.99], dtype=float32), array([False, False]))
+        >>> for _ in range(30):
+        ...     batch = next(source)
+        >>> [(e.env_id, e.ret, e.length) for e in source.pop_episodes()]  # always pushing left fails fast
+        [(1, 10.0, 10), (0, 11.0, 11), (1, 9.0, 9), (0, 9.0, 9), (1, 9.0, 9), (0, 9.0, 9)]
     """
 
     one_row_per_env = True  # each yielded batch holds at most one transition per sub-env

@@ -61,6 +61,27 @@ class PrioritizedReplayBuffer(IndexedReplayBuffer):
 
     :meth:`sample` returns the stored fields ``[B, ...]`` plus ``indices``
     (int64 [B]), ``generations`` (int64 [B]) and ``weights`` (float32 [B]).
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import numpy as np
+        >>> import ptl_rl
+        >>> env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+        >>> source = ptl_rl.ExperienceSource(env, lambda obs: np.zeros(len(obs), dtype=np.int64), seed=0)
+        >>> buffer = ptl_rl.PrioritizedReplayBuffer(capacity=100, alpha=1.0, beta=1.0, seed=0)
+        >>> for _ in range(4):
+        ...     slots = buffer.add(next(source))
+        >>> batch = buffer.sample(4)
+        >>> sorted(field for field in batch.keys() if field not in ptl_rl.CORE_FIELDS)
+        ['generations', 'indices', 'weights']
+        >>> batch.weights  # all priorities are equal so far
+        array([1., 1., 1., 1.], dtype=float32)
+        >>> batch.update_priorities(np.array([0.5, -2.0, 1.0, 0.0]))  # TD errors; returns the stale rows skipped
+        0
+        >>> buffer.update_priorities(np.arange(8), [4.0, 0, 0, 0, 0, 0, 0, 0])  # or by slot
+        0
+        >>> buffer.sample(4).indices  # now slot 0 holds almost all the mass
+        array([0, 0, 0, 0])
     """
 
     def __init__(

@@ -50,6 +50,28 @@ class ReplayBuffer:
             observations (every frame stored once). A storage with a
             ``sampleable(slots)`` method is only sampled where it says so
             (passes without replacement skip the other slots).
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import numpy as np
+        >>> import ptl_rl
+        >>> env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+        >>> source = ptl_rl.ExperienceSource(env, lambda obs: np.zeros(len(obs), dtype=np.int64), seed=0)
+        >>> buffer = ptl_rl.ReplayBuffer(source, capacity=100, warmup=10, transitions_per_yield=2, seed=0)
+        >>> next(buffer) is buffer  # yields itself once 10 transitions are stored
+        True
+        >>> len(buffer), buffer.sample(4).obs.shape
+        (10, (4, 4))
+        >>> next(buffer) is buffer, len(buffer)  # then once per 2 transitions collected (one vector step here)
+        (True, 12)
+
+        On its own, filled by hand:
+
+        >>> standalone = ptl_rl.ReplayBuffer(capacity=3)
+        >>> standalone.add(next(source)), standalone.add(next(source))  # the slots written: the ring wraps
+        (array([0, 1]), array([2, 0]))
+        >>> len(standalone)
+        3
     """
 
     def __init__(

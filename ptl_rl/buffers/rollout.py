@@ -106,6 +106,28 @@ class RolloutBuffer:
             next-step autoreset even with 1-step episodes).
         seed: seeds the shuffling.
         device: where the yielded tensors go (default: CPU, Lightning moves them).
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import torch
+        >>> from torch import nn
+        >>> import ptl_rl
+        >>> _ = torch.manual_seed(0)
+        >>> env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+        >>> actor, critic = nn.Linear(4, 2), nn.Linear(4, 1)  # logits of the 2 actions, V(obs)
+        >>> agent = ptl_rl.ActorCriticAgent(actor, critic, env.single_action_space, seed=0)
+        >>> source = ptl_rl.ExperienceSource(env, agent, gamma=0.99, seed=0)
+        >>> rollout = ptl_rl.RolloutBuffer(source, steps_per_env=8, epochs=2, num_minibatches=2, seed=0)
+        >>> rollout.batches_per_rollout  # epochs x num_minibatches, then the next rollout is collected
+        4
+        >>> minibatch = next(rollout)  # collects 2 envs x 8 steps, computes GAE, yields half of them
+        >>> minibatch.obs.shape, minibatch.advantage.shape, minibatch.returns.dtype
+        (torch.Size([8, 4]), torch.Size([8]), torch.float32)
+        >>> sorted(minibatch.keys())
+        ['action', 'advantage', 'discount', 'env_id', 'log_prob', 'next_obs', 'obs', 'returns', 'reward',
+         'terminated', 'truncated', 'value']
+        >>> len(ptl_rl.to_dataloader(rollout))  # one Lightning epoch per rollout
+        4
     """
 
     def __init__(

@@ -71,8 +71,7 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
         prioritized: sample windows proportionally to ``priority ** alpha`` of
             their start (with importance weights), else uniformly over the
             window starts.
-        upstream, capacity, alpha, beta, beta_clock, eps, stratified, warmup,
-            transitions_per_yield, seed: as for
+        upstream, capacity, alpha, beta, beta_clock, eps, stratified, warmup, transitions_per_yield, seed: as for
             :class:`~ptl_rl.buffers.PrioritizedReplayBuffer` (``alpha``,
             ``beta``, ``beta_clock`` only matter with ``prioritized``).
 
@@ -80,6 +79,25 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
     episode ends at the step with ``terminated | truncated``. Stored batches
     need ``env_id``, ``terminated`` and ``truncated``; rows of one env must
     arrive in time order (any interleaving across envs).
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import numpy as np
+        >>> import ptl_rl
+        >>> env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+        >>> source = ptl_rl.ExperienceSource(env, lambda obs: np.zeros(len(obs), dtype=np.int64), seed=0)
+        >>> buffer = ptl_rl.SequenceReplayBuffer(source, capacity=1_000, length=4, burn_in=2, warmup=20, seed=0)
+        >>> windows = next(buffer).sample(3)
+        >>> windows.obs.shape, windows.reward.shape, windows.mask.shape  # [B, burn_in + length, ...]
+        ((3, 6, 4), (3, 6), (3, 6))
+        >>> windows.mask  # the first window starts one step into its episode: one burn-in step is padding
+        array([[False,  True,  True,  True,  True,  True],
+               [ True,  True,  True,  True,  True,  True],
+               [ True,  True,  True,  True,  True,  True]])
+        >>> windows.env_id  # each window comes from one env
+        array([[0, 0, 0, 0, 0, 0],
+               [1, 1, 1, 1, 1, 1],
+               [1, 1, 1, 1, 1, 1]])
     """
 
     def __init__(
