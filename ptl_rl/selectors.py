@@ -8,6 +8,7 @@ import numpy as np
 
 from ptl_rl.ranks import rank_seed
 from ptl_rl.schedules import LinearSchedule, Schedule, as_schedule
+from ptl_rl.state import check_version, versioned
 
 __all__ = ["ArgmaxSelector", "EpsilonGreedySelector", "LinearSchedule", "Schedule"]
 
@@ -58,9 +59,12 @@ class EpsilonGreedySelector:
             actions[explore] = self.rng.integers(0, num_actions, int(explore.sum()))
         return actions
 
+    STATE_VERSION = 1
+
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.bit_generator.state, "epsilon": self.epsilon}
+        return versioned({"rng": self.rng.bit_generator.state, "epsilon": self.epsilon}, self.STATE_VERSION)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_version(state, self.STATE_VERSION, type(self).__name__)
         self.rng.bit_generator.state = state["rng"]
         self.epsilon = float(state["epsilon"])

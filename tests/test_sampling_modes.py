@@ -108,7 +108,7 @@ def test_state_round_trip_mid_pass_gives_the_same_remaining_batches() -> None:
 def test_default_buffer_state_is_unchanged_by_the_new_mode() -> None:
     buffer = ReplayBuffer(capacity=8, warmup=0)
     buffer.add(transitions(4))
-    assert set(buffer.state_dict()) == {"storage", "rng", "credit"}
+    assert set(buffer.state_dict()) == {"storage", "rng", "credit", "state_version"}
 
 
 def test_prioritized_and_sequence_buffers_do_not_offer_passes() -> None:

@@ -13,6 +13,7 @@ from ptl_rl.buffers.shuffle import ShuffledPasses
 from ptl_rl.buffers.storage import ArrayStorage
 from ptl_rl.ranks import rank_seed
 from ptl_rl.reprs import stage_repr
+from ptl_rl.state import check_version, versioned
 
 
 class ReplayBuffer:
@@ -212,15 +213,18 @@ class ReplayBuffer:
             )
 
     # ------------------------------------------------------------------ state
+    STATE_VERSION = 1  # format of state_dict(); subclasses that extend it keep or bump it
+
     def state_dict(self) -> dict[str, Any]:
         """Stored transitions (tensors), cursor and RNG state: plain containers, ``weights_only``-safe."""
         self._finish_interrupted_add()
         state = {"storage": self.storage.state_dict(), "rng": self.rng.bit_generator.state, "credit": self._credit}
         if not self.replacement:
             state["passes"] = self.passes.state_dict()
-        return state
+        return versioned(state, self.STATE_VERSION)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_version(state, self.STATE_VERSION, type(self).__name__)
         self._unfinished_add = None  # the restored storage replaces whatever was being written
         self.storage.load_state_dict(state["storage"])
         self.rng.bit_generator.state = state["rng"]

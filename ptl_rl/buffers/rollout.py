@@ -56,6 +56,7 @@ from ptl_rl.gae import compute_gae
 from ptl_rl.grouping import rank_within_group
 from ptl_rl.reprs import stage_repr
 from ptl_rl.stages import pipeline_stages
+from ptl_rl.state import check_version, versioned
 
 ValueFn = Callable[[Any], np.ndarray]
 _NORMALIZE = ("minibatch", "rollout", None)
@@ -361,12 +362,16 @@ class RolloutBuffer:
         return value
 
     # ------------------------------------------------------------------ state
+    STATE_VERSION = 1
+
     def state_dict(self) -> dict[str, Any]:
         """Shuffling RNG and counter (plain containers). The rollout in flight is not saved:
         after :meth:`load_state_dict` the next ``next()`` collects a fresh rollout."""
-        return {"rng": self.rng.bit_generator.state, "rollouts_collected": self.rollouts_collected}
+        state = {"rng": self.rng.bit_generator.state, "rollouts_collected": self.rollouts_collected}
+        return versioned(state, self.STATE_VERSION)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_version(state, self.STATE_VERSION, type(self).__name__)
         self.rng.bit_generator.state = state["rng"]
         self.rollouts_collected = int(state["rollouts_collected"])
         self.clear()

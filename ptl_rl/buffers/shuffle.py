@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ptl_rl.state import check_version, versioned
+
 
 class ShuffledPasses:
     """Hands out the slots ``0 .. size-1`` in a fresh random order per pass, each exactly once per pass.
@@ -42,10 +44,14 @@ class ShuffledPasses:
         self.position += len(out)
         return out
 
+    STATE_VERSION = 1
+
     def state_dict(self) -> dict[str, Any]:
-        return {"order": torch.from_numpy(self.order.copy()), "position": self.position, "passes": self.passes}
+        state = {"order": torch.from_numpy(self.order.copy()), "position": self.position, "passes": self.passes}
+        return versioned(state, self.STATE_VERSION)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_version(state, self.STATE_VERSION, type(self).__name__)
         self.order = state["order"].numpy().copy()
         self.position = int(state["position"])
         self.passes = int(state["passes"])
