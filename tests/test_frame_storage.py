@@ -344,7 +344,7 @@ def test_errors_name_the_problem_and_the_fix():
             discount=np.ones(count, np.float32), env_id=np.arange(count),
         )  # fmt: skip
 
-    with pytest.raises(ValueError, match="Dict observation spaces use the default ArrayStorage"):
+    with pytest.raises(ValueError, match="pass frame_key= naming the key"):
         FrameStorage(10).add(rows({"a": np.zeros((2, 3), np.uint8)}))
     with pytest.raises(ValueError, match="stack_axis=3 is not an axis.*FrameStackObservation"):
         FrameStorage(10, stack_axis=3).add(rows(np.zeros((2, 4, 5), np.uint8)))
