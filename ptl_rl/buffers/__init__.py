@@ -1,6 +1,7 @@
 """Replay storage and buffers."""
 
 from ptl_rl.buffers.frames import FrameStorage
+from ptl_rl.buffers.memmap import MemmapStorage
 from ptl_rl.buffers.persist import load_buffer, save_buffer
 from ptl_rl.buffers.prioritized import PrioritizedReplayBuffer, PriorityFeedback
 from ptl_rl.buffers.replay import ReplayBuffer
@@ -13,6 +14,7 @@ from ptl_rl.buffers.sumtree import SumTree
 __all__ = [
     "ArrayStorage",
     "FrameStorage",
+    "MemmapStorage",
     "PrioritizedReplayBuffer",
     "PriorityFeedback",
     "ReplayBuffer",

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from ptl_rl.batch import TransitionBatch
-from ptl_rl.buffers.memmap import open_fresh_memmap
+from ptl_rl.buffers.memmap import MemmapStorage, open_fresh_memmap
 from ptl_rl.buffers.storage import ArrayStorage
 
 _OBS_FIELDS = ("obs", "next_obs")
@@ -69,9 +69,10 @@ class FrameStorage:
             observations and for the frames of episode starts. Default
             ``max(capacity // 32, 64)``; raise it for short episodes (each
             episode adds about 1 to 2 frames beyond its steps).
-        memmap_dir: keep the pool and the frame references in memory-mapped
-            files in this directory (created; must not hold an earlier
-            buffer's files), so a replay larger than RAM lives on disk.
+        memmap_dir: keep the pool, the frame references and the other fields
+            (in ``memmap_dir/fields``, a :class:`~ptl_rl.buffers.MemmapStorage`)
+            in memory-mapped files in this directory (created; must not hold
+            an earlier buffer's files), so a replay larger than RAM lives on disk.
         checkpoint_dir: when set, :meth:`state_dict` saves the storage to a
             fresh subdirectory of it (see :meth:`save`) and returns only a
             reference to it: a Lightning checkpoint then holds the path, not
@@ -107,7 +108,12 @@ class FrameStorage:
         check: bool | None = None,
         frame_key: str | None = None,
     ) -> None:
-        self._fields = ArrayStorage(capacity)  # every field but obs / next_obs (and non-frame keys of Dict ones)
+        # every field but obs / next_obs (and the non-frame keys of Dict ones), on disk too with memmap_dir
+        self._fields = (
+            ArrayStorage(capacity)
+            if memmap_dir is None
+            else MemmapStorage(capacity, memmap_dir=os.path.join(os.fspath(memmap_dir), "fields"))
+        )
         self.capacity = self._fields.capacity
         if n_step is not None and (not isinstance(n_step, (int, np.integer)) or n_step < 1):
             raise ValueError(f"n_step must be an integer >= 1 (the upstream NStepTransform's n), got {n_step!r}")
@@ -198,7 +204,10 @@ class FrameStorage:
             for one in batches:
                 slots = self._add_chunks(one)
         except (TypeError, ValueError):
+            written = self._fields.total_added - saved[2]
             self.restore(saved)  # refused, before or while writing: as if never added
+            if written:  # (refused after writing rows: their slots lost what they held)
+                self._obs_refs[(saved[0] + np.arange(min(written, self.capacity))) % self.capacity, 0] = -1
             raise
         self._journal = None
         return slots
@@ -212,8 +221,6 @@ class FrameStorage:
     def _add(self, batch: TransitionBatch, obs: np.ndarray, next_obs: np.ndarray) -> np.ndarray:
         count = len(batch)
         env = np.asarray(batch["env_id"], dtype=np.int64)
-        if count and env.min() < 0:
-            raise ValueError(f"env_id must be >= 0, got {env.min()}")
         rest = TransitionBatch({k: v for k, v in batch.items() if k not in _OBS_FIELDS})
         if self._obs_keys is not None:  # Dict observations: the keys that are not frames are plain fields
             rest["obs"] = {k: v for k, v in batch["obs"].items() if k != self.frame_key}
@@ -222,35 +229,49 @@ class FrameStorage:
             return self._fields.add(rest)
         if self.n_step is None:
             self.n_step = 1
+        # a vector step holds each env once, in order: then no grouping, and often one slice of the env state
+        in_order = count == 1 or bool((env[1:] > env[:-1]).all())
+        lowest, highest = (int(env[0]), int(env[-1])) if in_order else (int(env.min()), int(env.max()))
+        if lowest < 0:
+            raise ValueError(f"env_id must be >= 0, got {lowest}")
         done = np.asarray(batch["terminated"], dtype=bool) | np.asarray(batch["truncated"], dtype=bool)
-        self._grow_envs(int(env.max()) + 1)
+        any_done = bool(done.any())
+        self._grow_envs(highest + 1)
         trusted = self.trusted
         seq = self._stream_seq(batch)
         if seq is not None:
             if self._seen_seq is None or seq != self._seen_seq + 1:
                 # steps are missing (a cut in the stream, a restore, a batch lost to an interrupt): no stored
                 # transition takes a later observation as next_obs, and no stack is trusted to continue
-                self._state.recent_pending[:] = 0
+                self._state.recent[:] = -1
                 self._state.trust[:] = 0
             self._seen_seq = seq
         # the slots to overwrite become unsampleable before any of their fields change (next_obs pending)
-        start = self._fields.cursor
-        slots = np.arange(start, start + count)
-        if start + count > self.capacity:
-            slots %= self.capacity
-        self._next_refs[slots, 0] = -1
-        self._gen[slots] = np.arange(self._fields.total_added, self._fields.total_added + count)
+        start, first_gen = self._fields.cursor, self._fields.total_added
+        if start + count <= self.capacity:
+            slots = np.arange(start, start + count)
+            self._next_refs[start : start + count, 0] = -1
+        else:
+            slots = (start + np.arange(count)) % self.capacity
+            self._next_refs[slots, 0] = -1
         self._fields.add(rest)
         obs_frames, next_frames = self._as_frames(obs), self._as_frames(next_obs)
-        for rows in _occurrence_groups(env, self._state.count.shape[0]):  # obs first, in time order per env
-            self._add_obs(rows, env, slots, obs_frames, next_frames, done, trusted)
-        ended = np.flatnonzero(done)
-        if len(ended):
+        if in_order:
+            rows_of = slice(lowest, highest + 1) if highest - lowest + 1 == count else None
+            self._add_obs(env, rows_of, slots, first_gen, obs_frames, next_frames, done, any_done, trusted)
+        else:
+            for rows in _occurrence_groups(env, highest + 1):  # obs first, in time order per env
+                self._add_obs(
+                    env[rows], None, slots[rows], first_gen + rows, obs_frames[rows], next_frames[rows],
+                    done[rows], any_done, trusted,
+                )  # fmt: skip
+        if any_done:
+            ended = np.flatnonzero(done)
             state = self._state
-            for rows in _occurrence_groups(env[ended], len(state.count)):
+            for rows in _occurrence_groups(env[ended], len(state.array)):
                 self._add_finals(ended if rows is None else ended[rows], env, slots, next_frames)
             # an env whose last row in this batch ended its episode: its newest observation is the final one
-            last_row = np.zeros(len(state.count), dtype=np.int64) - 1
+            last_row = np.zeros(len(state.array), dtype=np.int64) - 1
             last_row[env] = np.arange(len(env))  # later rows win
             envs = np.flatnonzero(last_row >= 0)
             finished = envs[done[last_row[envs]]]
@@ -391,7 +412,6 @@ class FrameStorage:
         self.pool = self._array("pool", (self.pool_size, *frame), self.obs_dtype, 0)
         self._obs_refs = self._array("obs_refs", (self.capacity, self.stack), np.int64, -1)
         self._next_refs = self._array("next_refs", (self.capacity, self.stack), np.int64, -1)
-        self._gen = np.full(self.capacity, -1, dtype=np.int64)
         self._allocate_env_state(0)  # shaped for this stack and frame now
 
     def _array(self, name: str, shape: tuple[int, ...], dtype: Any, fill: int) -> np.ndarray:
@@ -408,63 +428,69 @@ class FrameStorage:
 
     def _add_obs(
         self,
-        rows: np.ndarray | None,
         env: np.ndarray,
+        rows_of: slice | None,
         slots: np.ndarray,
+        gens: np.ndarray | int,
         obs_frames: np.ndarray,
         next_frames: np.ndarray,
         done: np.ndarray,
+        any_done: bool,
         trusted: bool,
     ) -> None:
-        """Store the observations of ``rows`` (one per env at most; ``None``: all); resolve what they are next_obs of.
+        """Store one observation per env of ``env`` (int64 [R], each env once) and resolve what they are next_obs of.
 
-        The env state of these envs is read in one gather and written back in
-        one scatter (the columns of :class:`_EnvState`).
+        ``gens`` are the rows' transition numbers (int [R], or the first of
+        ``R`` consecutive ones). The env state of these envs is read in one
+        gather and written back in one scatter, or changed in place where the
+        envs are the consecutive rows ``rows_of`` of the state. The trusted
+        step (every stack continues its env's last one) costs about 15 numpy
+        calls, whatever the number of envs.
         """
-        if rows is not None:
-            env, slots, obs_frames, next_frames, done = (
-                env[rows],
-                slots[rows],
-                obs_frames[rows],
-                next_frames[rows],
-                done[rows],
-            )
-        state = self._state
-        row_state = state.array.take(env, axis=0)  # [R, W], a copy: written back at the end
-        stack, n = self.stack, self.n_step
-        refs, cont = self._insert_stacks(
-            row_state[:, :stack], obs_frames, row_state[:, 2 * stack + 1] if trusted else None
-        )
-        self._obs_refs[slots] = refs
-        # the transition n_step rows back of each env has this observation as next_obs (if it did not end)
-        count = row_state[:, 2 * stack]
-        pos = count % n if n > 1 else np.zeros(len(env), dtype=np.int64)
-        at = np.arange(len(env))
-        base = 2 * stack + 2
-        old_slot, old_gen, pending = (
-            row_state[at, base + pos],
-            row_state[at, base + n + pos],
-            row_state[at, base + 2 * n + pos],
-        )
-        waiting = (pending != 0) & (self._gen.take(old_slot) == old_gen)
-        if waiting.any():
-            w = np.flatnonzero(waiting)
-            if not trusted:
-                self._check_pending(env[w], pos[w], obs_frames[w, -1])
-            self._next_refs[old_slot[w]] = refs[w]
+        state, stack, count = self._state, self.stack, len(env)
+        row_state = state.array[rows_of] if rows_of is not None else state.array.take(env, axis=0)
+        last, trust_col = row_state[:, :stack], 2 * stack
+        floor = max(self.frames_written + count - self.pool_size, 0)  # frames from here survive this insert
+        if trusted and stack > 1 and row_state[:, trust_col].all() and last.min() >= floor:
+            # each stack is its env's last one shifted by one frame: write the newest frame, shift the references
+            positions = self._write_frames(obs_frames[:, -1], as_range=True)
+            last[:, :-1] = last[:, 1:]
+            last[:, -1] = positions
+            if any_done:
+                row_state[:, trust_col] = ~done
+        else:
+            refs, cont = self._insert_stacks(last, obs_frames, row_state[:, trust_col] if trusted else None)
+            last[:] = refs
+            row_state[:, trust_col] = cont & ~done
+        self._obs_refs[slots] = last
+        # the transition n_step observations of this env back has this observation as next_obs, if it waits for
+        # one (its number is the oldest in `recent`, -1 if none) and was not overwritten since
+        recent = row_state[:, trust_col + 1 :]
+        waiting_gen = recent[:, 0]
+        waiting = waiting_gen >= max(self._fields.total_added - self.capacity, 0)
         if not trusted:
-            self._pending[env, pos] = next_frames[:, -1]
-        row_state[:, :stack] = refs
-        row_state[:, 2 * stack] = count + 1
-        row_state[:, 2 * stack + 1] = cont & ~done
-        row_state[at, base + pos] = slots
-        row_state[at, base + n + pos] = self._gen.take(slots)
-        row_state[at, base + 2 * n + pos] = ~done
-        state.array[env] = row_state
+            w = np.flatnonzero(waiting)
+            if len(w):
+                self._check_pending(env[w], obs_frames[w, -1])
+            self._pending[env, :-1] = self._pending[env, 1:]
+            self._pending[env, -1] = next_frames[:, -1]
+        if waiting.all():
+            self._next_refs[waiting_gen % self.capacity] = last
+        elif waiting.any():
+            self._next_refs[waiting_gen[waiting] % self.capacity] = last[waiting]
+        recent[:, :-1] = recent[:, 1:]  # (a shift register of the env's last n transition numbers)
+        if isinstance(gens, int):
+            np.add(self._env_range[:count], gens, out=recent[:, -1])
+        else:
+            recent[:, -1] = gens
+        if any_done:
+            recent[done, -1] = -1  # an ended transition has its final observation: it waits for nothing
+        if rows_of is None:
+            state.array[env] = row_state
 
-    def _check_pending(self, env: np.ndarray, pos: np.ndarray, newest: np.ndarray) -> None:
+    def _check_pending(self, env: np.ndarray, newest: np.ndarray) -> None:
         """Raise unless ``newest`` (frames [R, *frame]) are the newest frames of the pending next_obs they resolve."""
-        matches = _rows_equal(self._pending[env, pos], newest)
+        matches = _rows_equal(self._pending[env, 0], newest)
         if not matches.all():
             n = self.n_step
             raise ValueError(
@@ -541,7 +567,7 @@ class FrameStorage:
         floor = max(self.frames_written + writes_ahead - self.pool_size, 0)
         return refs.min(axis=1) >= floor
 
-    def _write_frames(self, frames: np.ndarray) -> np.ndarray:
+    def _write_frames(self, frames: np.ndarray, as_range: bool = False) -> np.ndarray:
         """Append ``frames`` [m, *frame] to the pool ring; returns their absolute positions (int64 [m]).
 
         ``frames_written`` is advanced *before* the pool changes: a frame about
@@ -560,6 +586,8 @@ class FrameStorage:
         self.pool[start : start + first] = frames[:first]
         if first < count:
             self.pool[: count - first] = frames[first:]
+        if as_range and count <= len(self._env_range):  # (a cached arange: one numpy call fewer)
+            return self._env_range[:count] + first_position
         return np.arange(first_position, first_position + count)
 
     def _allocate_env_state(self, num_envs: int) -> None:
@@ -567,11 +595,12 @@ class FrameStorage:
         self._state = _EnvState.empty(num_envs, self.stack, n)
         frame = getattr(self, "frame_shape", ())
         # the newest frame of each pending next_obs, checked against the obs that resolves it (checked mode)
-        self._pending = np.zeros((num_envs, n, *frame), dtype=self.obs_dtype or np.uint8)
+        self._pending = np.zeros((num_envs, n, *frame), dtype=self.obs_dtype or np.uint8)  # oldest first
+        self._env_range = np.arange(max(num_envs, 64))
 
     def _grow_envs(self, num_envs: int) -> None:
         """Make room for envs ``0 .. num_envs - 1``; the new state replaces the old in one assignment."""
-        have = len(self._state.count)
+        have = len(self._state.array)
         if num_envs <= have:
             return
         size = max(num_envs, 2 * have)
@@ -580,6 +609,7 @@ class FrameStorage:
         pending = np.zeros((size, *self._pending.shape[1:]), dtype=self._pending.dtype)
         pending[: len(self._pending)] = self._pending[:size]
         self._pending = pending
+        self._env_range = np.arange(max(size, 64))
         self._state = state
 
     # ------------------------------------------------------------------ reading
@@ -629,7 +659,6 @@ class FrameStorage:
             "pool": self.pool[:kept],
             "obs_refs": self._obs_refs[:size],
             "next_refs": self._next_refs[:size],
-            "gen": self._gen[:size],
         }
         arrays.update(self._state.columns())
         for path, leaf in _named_leaves(self._fields.fields):
@@ -716,14 +745,13 @@ class FrameStorage:
         self.frames_written = int(meta["frames_written"])
         self._obs_refs[:size] = arrays["obs_refs"]
         self._next_refs[:size] = arrays["next_refs"]
-        self._gen[:size] = arrays["gen"]
-        self._allocate_env_state(len(arrays["count"]))
+        self._allocate_env_state(len(arrays["last"]))
         for name, column in self._state.columns().items():
             if name in arrays:  # (saves before "trust" existed lack it: nothing is trusted then)
                 column[:] = arrays[name]
         # the envs start new episodes after a restore: no stored transition may take a later observation as next_obs,
         # and no stack is trusted to continue one stored before
-        self._state.recent_pending[:] = 0
+        self._state.recent[:] = -1
         self._state.trust[:] = 0
         self._seen_seq = None
         self._journal = None
@@ -791,32 +819,27 @@ class _EnvState:
     One array, so that a snapshot is one small copy and an env's state is read
     and written back with one gather and one scatter. Columns: the env's
     newest stack (``last``, S frame positions), the newest final stack
-    (``final``, S), observations stored (``count``), whether its next stack
-    may be trusted to continue the newest (``trust``), and for the last ``n``
-    observations (at ``count % n``) their slot, generation and whether that
-    transition still waits for its ``next_obs`` (``recent_slot``,
-    ``recent_gen``, ``recent_pending``).
+    (``final``, S), whether its next stack may be trusted to continue the
+    newest (``trust``), and, oldest first, the numbers of the transitions of
+    its last ``n`` observations that wait for their ``next_obs`` (``recent``,
+    a shift register; -1 for none; a transition's slot is its number modulo
+    ``capacity``).
     """
 
-    __slots__ = ("array", "last", "final", "count", "trust", "recent_slot", "recent_gen", "recent_pending")
+    __slots__ = ("array", "last", "final", "trust", "recent")
 
     def __init__(self, array: np.ndarray, stack: int, n: int) -> None:
-        s, b = stack, 2 * stack + 2
+        s = stack
         self.array = array
         self.last, self.final = array[:, :s], array[:, s : 2 * s]
-        self.count, self.trust = array[:, 2 * s], array[:, 2 * s + 1]
-        self.recent_slot, self.recent_gen, self.recent_pending = (
-            array[:, b : b + n],
-            array[:, b + n : b + 2 * n],
-            array[:, b + 2 * n : b + 3 * n],
-        )
+        self.trust, self.recent = array[:, 2 * s], array[:, 2 * s + 1 : 2 * s + 1 + n]
 
     @classmethod
     def empty(cls, num_envs: int, stack: int, n: int) -> _EnvState:
-        state = cls(np.zeros((num_envs, 2 * stack + 2 + 3 * n), dtype=np.int64), stack, n)
+        state = cls(np.zeros((num_envs, 2 * stack + 1 + n), dtype=np.int64), stack, n)
         state.last[:] = -1
         state.final[:] = -1
-        state.recent_gen[:] = -1
+        state.recent[:] = -1
         return state
 
     def columns(self) -> dict[str, np.ndarray]:

@@ -26,15 +26,21 @@ def open_fresh_memmap(
     """A new memory-mapped ``directory/name.npy`` of ``shape`` and ``dtype``, filled with ``fill``.
 
     Refuses to overwrite an existing file (another storage's scratch space)
-    unless ``reuse`` (the caller created it itself).
+    unless ``reuse`` (the caller created it itself): then a file of the same
+    shape and dtype is opened as it is, not recreated, so arrays that still map
+    it (a state taken from the same storage, being loaded back) stay valid.
     """
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(os.fspath(directory), f"{name}.npy")
-    if os.path.exists(path) and not reuse:
-        raise FileExistsError(
-            f"{path} exists: memmap_dir must be a fresh directory per buffer (it is scratch space, overwritten "
-            "as the buffer runs); to keep a buffer use save_buffer(), to restore one load_buffer()"
-        )
+    if os.path.exists(path):
+        if not reuse:
+            raise FileExistsError(
+                f"{path} exists: memmap_dir must be a fresh directory per buffer (it is scratch space, overwritten "
+                "as the buffer runs); to keep a buffer use save_buffer(), to restore one load_buffer()"
+            )
+        existing = np.load(path, mmap_mode="r+")
+        if existing.shape == tuple(shape) and existing.dtype == np.dtype(dtype):
+            return existing
     array = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
     if fill:
         array[:] = fill
