@@ -375,3 +375,83 @@ def test_recorded_trajectory_added_in_one_batch(n):
     for name in naive.keys():
         np.testing.assert_array_equal(mine[name], naive[name], err_msg=name)
     check_against_reference(mine, reference(recorders(env), n, False), False)
+
+
+# ---------------------------------------------------------------------- Dict observations
+class DictObs(gym.ObservationWrapper):
+    """``{"pixels": the stack, "state": a float vector of the newest frame's code}``: a pixel key and a plain key."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        state = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.observation_space = gym.spaces.Dict({"pixels": env.observation_space, "state": state})
+
+    def observation(self, obs):
+        return {"pixels": obs, "state": state_of(obs)}
+
+
+def state_of(pixels: np.ndarray) -> np.ndarray:
+    code = newest_code(np.asarray(pixels), False).astype(np.float32)
+    return np.stack([code, -0.5 * code], axis=-1)
+
+
+def make_dict_env(mode: str, padding: str):
+    fns = [
+        lambda i=i, layout=layout: DictObs(make_stacked(i, layout, padding, False)) for i, layout in enumerate(LAYOUTS)
+    ]
+    return gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode(mode))
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])
+@pytest.mark.parametrize("n,padding,check", [(1, "reset", None), (3, "zero", None), (3, "reset", True)])
+def test_dict_observations_match_env_record(mode, n, padding, check):
+    """Dict obs: the pixel key is stored once per frame, the state key per transition; both exact, wrapping."""
+    env = make_dict_env(mode, padding)
+    rng = np.random.default_rng(0)
+    agent = lambda obs: rng.integers(0, 5, size=len(obs["state"]))  # noqa: E731
+    stream = NStepTransform(ExperienceSource(env, agent, seed=7), n=n, gamma=0.9)
+    storage = functools.partial(FrameStorage, stack_axis=0, check=check)
+    buffer = ReplayBuffer(stream, 23, warmup=8, seed=0, storage=storage)
+    assert buffer.storage.trusted == (check is None) and buffer.storage.n_step == n
+    twin = ArrayStorage(23)
+    for _ in range(50):
+        slots = buffer._pull()
+        twin.add(buffer.storage._numbered[0])  # the batch the buffer just stored
+        assert buffer.storage.frame_key == "pixels"
+        every = np.arange(len(buffer))
+        ok = buffer.storage.sampleable(every)
+        mine, naive = buffer.storage.gather(every[ok]), twin.gather(every[ok])
+        assert set(mine["obs"]) == {"pixels", "state"} and len(slots) > 0
+        for name in naive.keys():
+            if isinstance(naive[name], dict):
+                for key in naive[name]:
+                    np.testing.assert_array_equal(mine[name][key], naive[name][key], err_msg=f"{name}.{key}")
+            else:
+                np.testing.assert_array_equal(mine[name], naive[name], err_msg=name)
+        table = reference(recorders_of(env), n, False)
+        check_against_reference({k: mine[k]["pixels"] for k in ("obs", "next_obs")}, table, False)
+        np.testing.assert_array_equal(mine["next_obs"]["state"], state_of(mine["next_obs"]["pixels"]))
+    assert buffer.storage.total_added > 2 * 23
+    # the state key is a per-transition field; the pixels are frames in the pool
+    assert set(buffer.storage._fields.fields["obs"]) == {"state"}
+    sample = buffer.sample(16)
+    np.testing.assert_array_equal(sample["obs"]["state"], state_of(sample["obs"]["pixels"]))
+
+
+def recorders_of(env) -> list[StackRecorder]:
+    return [e.env for e in env.envs]  # DictObs(StackRecorder(...))
+
+
+def test_dict_observations_need_a_frame_key_when_ambiguous():
+    two = {"a": np.zeros((2, 4, 5), np.uint8), "b": np.zeros((2, 4, 5), np.uint8)}
+    batch = TransitionBatch(
+        obs=two, next_obs=two, action=np.zeros(2), reward=np.zeros(2, np.float32), terminated=np.zeros(2, bool),
+        truncated=np.zeros(2, bool), discount=np.ones(2, np.float32), env_id=np.arange(2),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="pass frame_key= naming the key"):
+        FrameStorage(10, stack_axis=0).add(batch)
+    with pytest.raises(ValueError, match="frame_key='c' is not a key"):
+        FrameStorage(10, stack_axis=0, frame_key="c").add(batch)
+    storage = FrameStorage(10, stack_axis=0, frame_key="b")
+    storage.add(batch)
+    assert set(storage._fields.fields["obs"]) == {"a"}
