@@ -131,13 +131,16 @@ def check_against_reference(batch, table, stack_last: bool) -> None:
 # ---------------------------------------------------------------------- storage against the env's record
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("n", [1, 3])
-@pytest.mark.parametrize("padding,stack_last,extra", [("reset", False, 200), ("zero", True, 8)])
-def test_storage_matches_env_record(mode, n, padding, stack_last, extra):
+@pytest.mark.parametrize(
+    "padding,stack_last,extra,check",
+    [("reset", False, 200, True), ("zero", True, 8, True), ("reset", True, 200, False)],
+)
+def test_storage_matches_env_record(mode, n, padding, stack_last, extra, check):
     """Every sampleable slot rebuilds the env's own stacks; exactly the slots whose next_obs arrived are sampleable."""
     env = make_env(mode, padding, stack_last)
     stream = NStepTransform(ExperienceSource(env, random_agent(3), seed=1), n=n, gamma=0.9)
     capacity = 23  # small and odd: the ring wraps many times, at every phase
-    frames = FrameStorage(capacity, stack_axis=-1 if stack_last else 0, n_step=n, extra_frames=extra)
+    frames = FrameStorage(capacity, stack_axis=-1 if stack_last else 0, n_step=n, extra_frames=extra, check=check)
     twin = ArrayStorage(capacity)  # stores obs and next_obs in full: the naive ring
     arrived: set[int] = set()
     stored_any = 0
@@ -455,3 +458,48 @@ def test_dict_observations_need_a_frame_key_when_ambiguous():
     storage = FrameStorage(10, stack_axis=0, frame_key="b")
     storage.add(batch)
     assert set(storage._fields.fields["obs"]) == {"a"}
+
+
+# ---------------------------------------------------------------------- trusted and checked inserts
+def shifting_rows(steps, env: int = 0) -> TransitionBatch:
+    """One row per step ``t`` of one env: obs is the stack of frames ``t-3 .. t`` (frame ``t``: 6 pixels of ``t``)."""
+    stack = lambda t: np.stack([np.full(6, max(t - k, t // 100 * 100), np.uint8) for k in (3, 2, 1, 0)])  # noqa: E731
+    return TransitionBatch(
+        obs=np.stack([stack(t) for t in steps]), next_obs=np.stack([stack(t + 1) for t in steps]),
+        action=np.zeros(len(steps)), reward=np.zeros(len(steps), np.float32),
+        terminated=np.zeros(len(steps), bool), truncated=np.zeros(len(steps), bool),
+        discount=np.ones(len(steps), np.float32), env_id=np.full(len(steps), env),
+    )  # fmt: skip
+
+
+def test_trusted_inserts_compare_again_after_a_cut_in_the_stream():
+    """A numbered upstream lets the storage trust shifts; a skipped stream_seq (envs reset, no done) is compared."""
+
+    class Numbered:  # an upstream as the storage sees it: n and the number of the batch just pulled
+        n, stream_seq = 1, 0
+
+    upstream = Numbered()
+    storage = FrameStorage(50, stack_axis=0)
+    storage.bind_upstream(upstream)
+    assert storage.trusted and not FrameStorage(50).trusted  # (no numbered upstream: compared)
+    added = []
+    for seq, t in enumerate([*range(0, 10), *range(200, 205)], start=1):
+        upstream.stream_seq = seq if t < 200 else seq + 1  # a batch lost between t=9 and t=200
+        batch = shifting_rows([t])
+        storage.add(batch)
+        added.append(batch)
+    every = np.arange(len(storage))
+    ok = storage.sampleable(every)
+    assert ok.sum() == len(every) - 2  # t=9 lost its next_obs in the cut; t=204 waits for its own
+    everything = TransitionBatch.concat(added)
+    np.testing.assert_array_equal(storage.gather(every[ok])["obs"], everything["obs"][ok])
+    np.testing.assert_array_equal(storage.gather(every[ok])["next_obs"], everything["next_obs"][ok])
+    assert storage.frames_written == 1 + 9 + 1 + 4  # one frame a start (its padding repeats it), one a step
+
+
+def test_wrong_n_step_against_a_numbered_upstream_is_refused():
+    class Numbered:
+        n, stream_seq = 3, 0
+
+    with pytest.raises(ValueError, match="n_step=1 but its upstream emits 3-step"):
+        ReplayBuffer(Numbered(), 10, storage=functools.partial(FrameStorage, n_step=1))
