@@ -230,8 +230,11 @@ class FrameStorage:
         if self.n_step is None:
             self.n_step = 1
         # a vector step holds each env once, in order: then no grouping, and often one slice of the env state
-        in_order = count == 1 or bool((env[1:] > env[:-1]).all())
-        lowest, highest = (int(env[0]), int(env[-1])) if in_order else (int(env.min()), int(env.max()))
+        if env.tobytes() == self._env_range_bytes[: 8 * count]:  # envs 0 .. count-1: one bytes compare, no ufunc
+            in_order, lowest, highest = True, 0, count - 1
+        else:
+            in_order = count == 1 or bool((env[1:] > env[:-1]).all())
+            lowest, highest = (int(env[0]), int(env[-1])) if in_order else (int(env.min()), int(env.max()))
         if lowest < 0:
             raise ValueError(f"env_id must be >= 0, got {lowest}")
         done = np.asarray(batch["terminated"], dtype=bool) | np.asarray(batch["truncated"], dtype=bool)
@@ -462,7 +465,10 @@ class FrameStorage:
             refs, cont = self._insert_stacks(last, obs_frames, row_state[:, trust_col] if trusted else None)
             last[:] = refs
             row_state[:, trust_col] = cont & ~done
-        self._obs_refs[slots] = last
+        if slots[-1] - slots[0] == count - 1:  # (consecutive slots: a slice write)
+            self._obs_refs[slots[0] : slots[0] + count] = last
+        else:
+            self._obs_refs[slots] = last
         # the transition n_step observations of this env back has this observation as next_obs, if it waits for
         # one (its number is the oldest in `recent`, -1 if none) and was not overwritten since
         recent = row_state[:, trust_col + 1 :]
@@ -597,6 +603,7 @@ class FrameStorage:
         # the newest frame of each pending next_obs, checked against the obs that resolves it (checked mode)
         self._pending = np.zeros((num_envs, n, *frame), dtype=self.obs_dtype or np.uint8)  # oldest first
         self._env_range = np.arange(max(num_envs, 64))
+        self._env_range_bytes = self._env_range.astype(np.int64).tobytes()
 
     def _grow_envs(self, num_envs: int) -> None:
         """Make room for envs ``0 .. num_envs - 1``; the new state replaces the old in one assignment."""
@@ -610,6 +617,7 @@ class FrameStorage:
         pending[: len(self._pending)] = self._pending[:size]
         self._pending = pending
         self._env_range = np.arange(max(size, 64))
+        self._env_range_bytes = self._env_range.astype(np.int64).tobytes()
         self._state = state
 
     # ------------------------------------------------------------------ reading
