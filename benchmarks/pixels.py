@@ -15,9 +15,13 @@ every implementation alike), medians over ``--repeats`` rounds:
 * **Sampling**: ``sample(256)`` of stacked ``obs`` and ``next_obs``, converted to
   torch tensors; goals ptl_rl >= 0.9x cpprb and >= 1.5x Tianshou.
 * **Insert**: one vector step of 8 envs (3-step transitions from
-  ``NStepTransform``, prepared beforehand) into ``FrameStorage.add``, against a
-  bare numpy ring copying the same 8 new 84x84 frames (the goal: >= 0.9x), and
-  against a naive ring copying ``obs`` and ``next_obs`` in full.
+  ``NStepTransform``, prepared beforehand) into ``FrameStorage.add``, trusted
+  (``check=False``: what a buffer fed by an ``NStepTransform`` does) and
+  checked (``check=True``: every stack compared, for foreign data), through
+  ``ReplayBuffer.add`` (its interrupt record included) and into the storage
+  alone, against a bare numpy ring copying the same 8 new 84x84 frames (the
+  goal: >= 0.9x), and against a naive ring copying ``obs`` and ``next_obs``
+  in full.
 
 cpprb, Tianshou and SB3 are installed when the benchmark runs (``pip install
 --no-deps --target`` into ``--peers-dir``, so the project's environment is not
@@ -198,7 +202,7 @@ class PtlRl(Impl):
 
     def __init__(self, capacity: int) -> None:
         self.buffer = ReplayBuffer(
-            None, capacity, seed=0, storage=functools.partial(FrameStorage, stack_axis=0, n_step=N_STEP)
+            None, capacity, seed=0, storage=functools.partial(FrameStorage, stack_axis=0, n_step=N_STEP, check=False)
         )
 
     def fill(self, batches: list[TransitionBatch]) -> None:
@@ -331,21 +335,35 @@ class Ring:
 
 
 def insert_rates(capacity: int, rounds: int, calls: int) -> dict[str, list[float]]:
-    """Per round: vector steps/s into FrameStorage, a bare ring of the 8 new frames, a naive obs+next_obs ring."""
+    """Per round: vector steps/s into FrameStorage (trusted, checked, through a buffer), a bare ring, a naive ring."""
     prepared = list(nstep_batches(calls + 64, seed=1))
     stream = AtariLikeStream(seed=1)
     new_frames = [next(stream)["next_obs"][:, -1].copy() for _ in range(calls)]  # 8 new frames a vector step
     naive_capacity = min(capacity, 20_000)  # the full naive ring of 100k would need 5.6 GB
     bare = Ring(np.zeros((capacity, SIDE, SIDE), np.uint8))
     naive = Ring(*(np.zeros((naive_capacity, STACK, SIDE, SIDE), np.uint8) for _ in range(2)))
-    rates: dict[str, list[float]] = {"ptl_rl": [], "bare_frames": [], "naive_obs_next_obs": []}
+    rates: dict[str, list[float]] = {
+        "ptl_rl trusted": [],
+        "ptl_rl checked": [],
+        "buffer.add trusted": [],
+        "bare_frames": [],
+        "naive_obs_next_obs": [],
+    }
+    timed = prepared[64:]
     for _ in range(rounds):
-        storage = FrameStorage(capacity, stack_axis=0, n_step=N_STEP)
-        for b in prepared[:64]:  # warm up (untimed): allocate, and give every env a previous stack
-            storage.add(b)
-        _prefault(storage.pool, storage._obs_refs, storage._next_refs, *storage._fields.fields.values())
-        timed = prepared[64:]
-        rates["ptl_rl"].append(calls_per_s(storage.add, [(b,) for b in timed]))
+        for name, check, through_buffer in (
+            ("ptl_rl trusted", False, False),
+            ("ptl_rl checked", True, False),
+            ("buffer.add trusted", False, True),
+        ):
+            make = functools.partial(FrameStorage, stack_axis=0, n_step=N_STEP, check=check)
+            buffer = ReplayBuffer(None, capacity, warmup=0, storage=make)
+            storage = buffer.storage
+            for b in prepared[:64]:  # warm up (untimed): allocate, and give every env a previous stack
+                storage.add(b)
+            _prefault(storage.pool, storage._obs_refs, storage._next_refs, *storage._fields.fields.values())
+            add = buffer.add if through_buffer else storage.add
+            rates[name].append(calls_per_s(add, [(b,) for b in timed]))
         rates["bare_frames"].append(calls_per_s(bare.add, [(f,) for f in new_frames]))
         rates["naive_obs_next_obs"].append(calls_per_s(naive.add, [(b["obs"], b["next_obs"]) for b in timed]))
     return rates
@@ -435,9 +453,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\ninsert of one vector step of {NUM_ENVS} envs (3-step transitions), median of {args.repeats} rounds:")
     for name, value in im.items():
         print(f"  {name:20s} {value:10.0f} steps/s")
-    r = im["ptl_rl"] / im["bare_frames"]
-    print(f"  ptl_rl / bare ring of the 8 new frames = {r:.3f} (goal >= 0.9: {'met' if r >= 0.9 else 'NOT met'})")
-    print(f"  ptl_rl / naive obs+next_obs ring       = {im['ptl_rl'] / im['naive_obs_next_obs']:.3f}")
+    for name in ("ptl_rl trusted", "ptl_rl checked", "buffer.add trusted"):
+        r = im[name] / im["bare_frames"]
+        verdict = "met" if r >= 0.9 else "NOT met"
+        print(f"  {name:18s} / bare ring of the 8 new frames = {r:.3f} (goal >= 0.9: {verdict})")
+        print(f"  {name:18s} / naive obs+next_obs ring       = {im[name] / im['naive_obs_next_obs']:.3f}")
     print(f"\nload average at end: {os.getloadavg()}")
 
 

@@ -131,13 +131,16 @@ def check_against_reference(batch, table, stack_last: bool) -> None:
 # ---------------------------------------------------------------------- storage against the env's record
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("n", [1, 3])
-@pytest.mark.parametrize("padding,stack_last,extra", [("reset", False, 200), ("zero", True, 8)])
-def test_storage_matches_env_record(mode, n, padding, stack_last, extra):
+@pytest.mark.parametrize(
+    "padding,stack_last,extra,check",
+    [("reset", False, 200, True), ("zero", True, 8, True), ("reset", True, 200, False)],
+)
+def test_storage_matches_env_record(mode, n, padding, stack_last, extra, check):
     """Every sampleable slot rebuilds the env's own stacks; exactly the slots whose next_obs arrived are sampleable."""
     env = make_env(mode, padding, stack_last)
     stream = NStepTransform(ExperienceSource(env, random_agent(3), seed=1), n=n, gamma=0.9)
     capacity = 23  # small and odd: the ring wraps many times, at every phase
-    frames = FrameStorage(capacity, stack_axis=-1 if stack_last else 0, n_step=n, extra_frames=extra)
+    frames = FrameStorage(capacity, stack_axis=-1 if stack_last else 0, n_step=n, extra_frames=extra, check=check)
     twin = ArrayStorage(capacity)  # stores obs and next_obs in full: the naive ring
     arrived: set[int] = set()
     stored_any = 0
@@ -344,7 +347,7 @@ def test_errors_name_the_problem_and_the_fix():
             discount=np.ones(count, np.float32), env_id=np.arange(count),
         )  # fmt: skip
 
-    with pytest.raises(ValueError, match="Dict observation spaces use the default ArrayStorage"):
+    with pytest.raises(ValueError, match="pass frame_key= naming the key"):
         FrameStorage(10).add(rows({"a": np.zeros((2, 3), np.uint8)}))
     with pytest.raises(ValueError, match="stack_axis=3 is not an axis.*FrameStackObservation"):
         FrameStorage(10, stack_axis=3).add(rows(np.zeros((2, 4, 5), np.uint8)))
@@ -375,3 +378,128 @@ def test_recorded_trajectory_added_in_one_batch(n):
     for name in naive.keys():
         np.testing.assert_array_equal(mine[name], naive[name], err_msg=name)
     check_against_reference(mine, reference(recorders(env), n, False), False)
+
+
+# ---------------------------------------------------------------------- Dict observations
+class DictObs(gym.ObservationWrapper):
+    """``{"pixels": the stack, "state": a float vector of the newest frame's code}``: a pixel key and a plain key."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        state = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.observation_space = gym.spaces.Dict({"pixels": env.observation_space, "state": state})
+
+    def observation(self, obs):
+        return {"pixels": obs, "state": state_of(obs)}
+
+
+def state_of(pixels: np.ndarray) -> np.ndarray:
+    code = newest_code(np.asarray(pixels), False).astype(np.float32)
+    return np.stack([code, -0.5 * code], axis=-1)
+
+
+def make_dict_env(mode: str, padding: str):
+    fns = [
+        lambda i=i, layout=layout: DictObs(make_stacked(i, layout, padding, False)) for i, layout in enumerate(LAYOUTS)
+    ]
+    return gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode(mode))
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])
+@pytest.mark.parametrize("n,padding,check", [(1, "reset", None), (3, "zero", None), (3, "reset", True)])
+def test_dict_observations_match_env_record(mode, n, padding, check):
+    """Dict obs: the pixel key is stored once per frame, the state key per transition; both exact, wrapping."""
+    env = make_dict_env(mode, padding)
+    rng = np.random.default_rng(0)
+    agent = lambda obs: rng.integers(0, 5, size=len(obs["state"]))  # noqa: E731
+    stream = NStepTransform(ExperienceSource(env, agent, seed=7), n=n, gamma=0.9)
+    storage = functools.partial(FrameStorage, stack_axis=0, check=check)
+    buffer = ReplayBuffer(stream, 23, warmup=8, seed=0, storage=storage)
+    assert buffer.storage.trusted == (check is None) and buffer.storage.n_step == n
+    twin = ArrayStorage(23)
+    for _ in range(50):
+        slots = buffer._pull()
+        twin.add(buffer.storage._numbered[0])  # the batch the buffer just stored
+        assert buffer.storage.frame_key == "pixels"
+        every = np.arange(len(buffer))
+        ok = buffer.storage.sampleable(every)
+        mine, naive = buffer.storage.gather(every[ok]), twin.gather(every[ok])
+        assert set(mine["obs"]) == {"pixels", "state"} and len(slots) > 0
+        for name in naive.keys():
+            if isinstance(naive[name], dict):
+                for key in naive[name]:
+                    np.testing.assert_array_equal(mine[name][key], naive[name][key], err_msg=f"{name}.{key}")
+            else:
+                np.testing.assert_array_equal(mine[name], naive[name], err_msg=name)
+        table = reference(recorders_of(env), n, False)
+        check_against_reference({k: mine[k]["pixels"] for k in ("obs", "next_obs")}, table, False)
+        np.testing.assert_array_equal(mine["next_obs"]["state"], state_of(mine["next_obs"]["pixels"]))
+    assert buffer.storage.total_added > 2 * 23
+    # the state key is a per-transition field; the pixels are frames in the pool
+    assert set(buffer.storage._fields.fields["obs"]) == {"state"}
+    sample = buffer.sample(16)
+    np.testing.assert_array_equal(sample["obs"]["state"], state_of(sample["obs"]["pixels"]))
+
+
+def recorders_of(env) -> list[StackRecorder]:
+    return [e.env for e in env.envs]  # DictObs(StackRecorder(...))
+
+
+def test_dict_observations_need_a_frame_key_when_ambiguous():
+    two = {"a": np.zeros((2, 4, 5), np.uint8), "b": np.zeros((2, 4, 5), np.uint8)}
+    batch = TransitionBatch(
+        obs=two, next_obs=two, action=np.zeros(2), reward=np.zeros(2, np.float32), terminated=np.zeros(2, bool),
+        truncated=np.zeros(2, bool), discount=np.ones(2, np.float32), env_id=np.arange(2),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="pass frame_key= naming the key"):
+        FrameStorage(10, stack_axis=0).add(batch)
+    with pytest.raises(ValueError, match="frame_key='c' is not a key"):
+        FrameStorage(10, stack_axis=0, frame_key="c").add(batch)
+    storage = FrameStorage(10, stack_axis=0, frame_key="b")
+    storage.add(batch)
+    assert set(storage._fields.fields["obs"]) == {"a"}
+
+
+# ---------------------------------------------------------------------- trusted and checked inserts
+def shifting_rows(steps, env: int = 0) -> TransitionBatch:
+    """One row per step ``t`` of one env: obs is the stack of frames ``t-3 .. t`` (frame ``t``: 6 pixels of ``t``)."""
+    stack = lambda t: np.stack([np.full(6, max(t - k, t // 100 * 100), np.uint8) for k in (3, 2, 1, 0)])  # noqa: E731
+    return TransitionBatch(
+        obs=np.stack([stack(t) for t in steps]), next_obs=np.stack([stack(t + 1) for t in steps]),
+        action=np.zeros(len(steps)), reward=np.zeros(len(steps), np.float32),
+        terminated=np.zeros(len(steps), bool), truncated=np.zeros(len(steps), bool),
+        discount=np.ones(len(steps), np.float32), env_id=np.full(len(steps), env),
+    )  # fmt: skip
+
+
+def test_trusted_inserts_compare_again_after_a_cut_in_the_stream():
+    """A numbered upstream lets the storage trust shifts; a skipped stream_seq (envs reset, no done) is compared."""
+
+    class Numbered:  # an upstream as the storage sees it: n and the number of the batch just pulled
+        n, stream_seq = 1, 0
+
+    upstream = Numbered()
+    storage = FrameStorage(50, stack_axis=0)
+    storage.bind_upstream(upstream)
+    assert storage.trusted and not FrameStorage(50).trusted  # (no numbered upstream: compared)
+    added = []
+    for seq, t in enumerate([*range(0, 10), *range(200, 205)], start=1):
+        upstream.stream_seq = seq if t < 200 else seq + 1  # a batch lost between t=9 and t=200
+        batch = shifting_rows([t])
+        storage.add(batch)
+        added.append(batch)
+    every = np.arange(len(storage))
+    ok = storage.sampleable(every)
+    assert ok.sum() == len(every) - 2  # t=9 lost its next_obs in the cut; t=204 waits for its own
+    everything = TransitionBatch.concat(added)
+    np.testing.assert_array_equal(storage.gather(every[ok])["obs"], everything["obs"][ok])
+    np.testing.assert_array_equal(storage.gather(every[ok])["next_obs"], everything["next_obs"][ok])
+    assert storage.frames_written == 1 + 9 + 1 + 4  # one frame a start (its padding repeats it), one a step
+
+
+def test_wrong_n_step_against_a_numbered_upstream_is_refused():
+    class Numbered:
+        n, stream_seq = 3, 0
+
+    with pytest.raises(ValueError, match="n_step=1 but its upstream emits 3-step"):
+        ReplayBuffer(Numbered(), 10, storage=functools.partial(FrameStorage, n_step=1))

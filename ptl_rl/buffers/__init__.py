@@ -3,6 +3,7 @@
 from ptl_rl.buffers.draws import PriorityDraws, SlotDraws
 from ptl_rl.buffers.frames import FrameStorage
 from ptl_rl.buffers.indexed import IndexedReplayBuffer
+from ptl_rl.buffers.memmap import MemmapStorage
 from ptl_rl.buffers.persist import load_buffer, save_buffer
 from ptl_rl.buffers.prioritized import PrioritizedReplayBuffer, PriorityFeedback
 from ptl_rl.buffers.replay import ReplayBuffer
@@ -16,6 +17,7 @@ __all__ = [
     "ArrayStorage",
     "FrameStorage",
     "IndexedReplayBuffer",
+    "MemmapStorage",
     "PriorityDraws",
     "PrioritizedReplayBuffer",
     "PriorityFeedback",

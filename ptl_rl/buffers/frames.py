@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from ptl_rl.batch import TransitionBatch
+from ptl_rl.buffers.memmap import MemmapStorage, open_fresh_memmap
 from ptl_rl.buffers.storage import ArrayStorage
 
 _OBS_FIELDS = ("obs", "next_obs")
@@ -68,18 +69,31 @@ class FrameStorage:
             observations and for the frames of episode starts. Default
             ``max(capacity // 32, 64)``; raise it for short episodes (each
             episode adds about 1 to 2 frames beyond its steps).
-        memmap_dir: keep the pool and the frame references in memory-mapped
-            files in this directory (created; must not hold an earlier
-            buffer's files), so a replay larger than RAM lives on disk.
+        memmap_dir: keep the pool, the frame references and the other fields
+            (in ``memmap_dir/fields``, a :class:`~ptl_rl.buffers.MemmapStorage`)
+            in memory-mapped files in this directory (created; must not hold
+            an earlier buffer's files), so a replay larger than RAM lives on disk.
         checkpoint_dir: when set, :meth:`state_dict` saves the storage to a
             fresh subdirectory of it (see :meth:`save`) and returns only a
             reference to it: a Lightning checkpoint then holds the path, not
             the data, and no copy of the replay is made in RAM.
+        check: whether a new observation's ``S - 1`` oldest frames are
+            compared with the env's previous stack before only its newest
+            frame is stored. ``None`` (default): compare unless the storage is
+            fed by a numbered upstream (a buffer whose ``upstream`` is an
+            ``ExperienceSource`` or ``NStepTransform``): there a stack inside an
+            episode is trusted to shift by one frame once the episode's first
+            shift was seen (every episode start, episode end and cut in the
+            stream is still compared). ``True``: always compare (foreign
+            data); ``False``: trust also without such an upstream.
+        frame_key: for ``Dict`` observations, the key whose observations are
+            (stacks of) frames, stored once as above; the other keys are
+            stored per transition like any other field. Default: the only key
+            with two or more dims per observation.
 
-    Observation leaves must be arrays (not ``Dict`` spaces). Rows of one env
-    must arrive in time order (any interleaving across envs), every step of
-    an env exactly once, as an ``ExperienceSource`` (optionally followed by an
-    ``NStepTransform``) delivers them.
+    Rows of one env must arrive in time order (any interleaving across envs),
+    every step of an env exactly once, as an ``ExperienceSource`` (optionally
+    followed by an ``NStepTransform``) delivers them.
     """
 
     def __init__(
@@ -91,8 +105,15 @@ class FrameStorage:
         extra_frames: int | None = None,
         memmap_dir: str | os.PathLike | None = None,
         checkpoint_dir: str | os.PathLike | None = None,
+        check: bool | None = None,
+        frame_key: str | None = None,
     ) -> None:
-        self._fields = ArrayStorage(capacity)  # every field but obs / next_obs
+        # every field but obs / next_obs (and the non-frame keys of Dict ones), on disk too with memmap_dir
+        self._fields = (
+            ArrayStorage(capacity)
+            if memmap_dir is None
+            else MemmapStorage(capacity, memmap_dir=os.path.join(os.fspath(memmap_dir), "fields"))
+        )
         self.capacity = self._fields.capacity
         if n_step is not None and (not isinstance(n_step, (int, np.integer)) or n_step < 1):
             raise ValueError(f"n_step must be an integer >= 1 (the upstream NStepTransform's n), got {n_step!r}")
@@ -110,6 +131,14 @@ class FrameStorage:
         self.obs_dtype: np.dtype | None = None
         self.obs_shape: tuple[int, ...] = ()
         self.stack = 1
+        self.check = check
+        self.frame_key = frame_key
+        self._obs_keys: tuple[str, ...] | None = None  # sorted keys of Dict observations
+        self._upstream: Any = None
+        self._seen_seq: int | None = None  # stream_seq of the upstream's batch added last (trusted mode)
+        # (snapshot before them, batches) while an add is under way: still set on entry means an add was cut short
+        self._journal: tuple[Any, list[TransitionBatch]] | None = None
+        self._numbered: tuple[TransitionBatch, int | None] | None = None  # the last batch added and its stream_seq
         self._allocate_env_state(0)
 
     # ------------------------------------------------------------------ counters (the ArrayStorage API)
@@ -129,9 +158,19 @@ class FrameStorage:
         return self._fields.total_added
 
     def bind_upstream(self, upstream: Any) -> None:
-        """Take ``n_step`` from the upstream stage when it was not given (an ``NStepTransform``'s ``n``, else 1)."""
+        """Take ``n_step`` from the upstream stage when it was not given (an ``NStepTransform``'s ``n``, else 1).
+
+        A numbered upstream (``stream_seq``) also lets ``check=None`` trust the stacks' structure.
+        """
+        n = int(getattr(upstream, "n", 1) or 1) if upstream is not None else None
         if self.n_step is None:
-            self.n_step = int(getattr(upstream, "n", 1) or 1)
+            self.n_step = n
+        elif n is not None and hasattr(upstream, "stream_seq") and n != self.n_step:
+            raise ValueError(
+                f"this FrameStorage has n_step={self.n_step} but its upstream emits {n}-step transitions; drop n_step "
+                "(it is taken from the upstream) or set it to the upstream's n"
+            )
+        self._upstream = upstream
 
     @property
     def nbytes(self) -> int:
@@ -143,40 +182,164 @@ class FrameStorage:
 
     # ------------------------------------------------------------------ writing
     def add(self, batch: TransitionBatch) -> np.ndarray:
-        """Store the ``B`` rows of ``batch``; returns the slots written (int64 [B])."""
+        """Store the ``B`` rows of ``batch``; returns the slots written (int64 [B]).
+
+        Interrupt-safe: every change to the small bookkeeping (counters, per-env
+        state) can be rolled back with :meth:`snapshot` / :meth:`restore`, and
+        frames are written only to pool positions already counted as written
+        (see :meth:`_write_frames`), so an add cut short, rolled back and done
+        again equals one uninterrupted add. A buffer does that itself (see
+        ``ReplayBuffer.add``); for a caller that does not, the storage keeps the
+        batch and its snapshot, and its next ``add`` rolls back and redoes it.
+        A refused batch (``ValueError``) leaves the storage as it was.
+        """
+        self._journal = (None, [batch]) if self._journal is None else (self._journal[0], [*self._journal[1], batch])
+        saved, batches = self._journal
+        if saved is None:  # (None: no earlier add was cut short after its snapshot; nothing was written since)
+            saved = self.snapshot()
+        else:  # an earlier add was cut short: roll back to before it, then do it again
+            self._restore_bookkeeping(saved)
+        self._journal = (saved, batches)
+        try:
+            for one in batches:
+                slots = self._add_chunks(one)
+        except (TypeError, ValueError):
+            written = self._fields.total_added - saved[2]
+            self.restore(saved)  # refused, before or while writing: as if never added
+            if written:  # (refused after writing rows: their slots lost what they held)
+                self._obs_refs[(saved[0] + np.arange(min(written, self.capacity))) % self.capacity, 0] = -1
+            raise
+        self._journal = None
+        return slots
+
+    def _add_chunks(self, batch: TransitionBatch) -> np.ndarray:
         if len(batch) > self.capacity:  # only the newest `capacity` rows survive: add them chunk by chunk
             chunks = [batch.rows(slice(lo, lo + self.capacity)) for lo in range(0, len(batch), self.capacity)]
-            return [self.add(chunk) for chunk in chunks][-1]
-        obs, next_obs = self._checked_obs(batch)
+            return [self._add_chunks(chunk) for chunk in chunks][-1]
+        return self._add(batch, *self._checked_obs(batch))
+
+    def _add(self, batch: TransitionBatch, obs: np.ndarray, next_obs: np.ndarray) -> np.ndarray:
+        count = len(batch)
+        env = np.asarray(batch["env_id"], dtype=np.int64)
         rest = TransitionBatch({k: v for k, v in batch.items() if k not in _OBS_FIELDS})
-        slots = self._fields.add(rest)
-        if len(slots) == 0:
-            return slots
+        if self._obs_keys is not None:  # Dict observations: the keys that are not frames are plain fields
+            rest["obs"] = {k: v for k, v in batch["obs"].items() if k != self.frame_key}
+            rest["next_obs"] = {k: v for k, v in batch["next_obs"].items() if k != self.frame_key}
+        if count == 0:
+            return self._fields.add(rest)
         if self.n_step is None:
             self.n_step = 1
-        env = np.asarray(batch["env_id"], dtype=np.int64)
+        # a vector step holds each env once, in order: then no grouping, and often one slice of the env state
+        if env.tobytes() == self._env_range_bytes[: 8 * count]:  # envs 0 .. count-1: one bytes compare, no ufunc
+            in_order, lowest, highest = True, 0, count - 1
+        else:
+            in_order = count == 1 or bool((env[1:] > env[:-1]).all())
+            lowest, highest = (int(env[0]), int(env[-1])) if in_order else (int(env.min()), int(env.max()))
+        if lowest < 0:
+            raise ValueError(f"env_id must be >= 0, got {lowest}")
         done = np.asarray(batch["terminated"], dtype=bool) | np.asarray(batch["truncated"], dtype=bool)
-        self._grow_envs(int(env.max()) + 1)
-        self._gen[slots] = np.arange(self.total_added - len(slots), self.total_added)
-        self._next_refs[slots] = -1  # pending until the next observation arrives
+        any_done = bool(done.any())
+        self._grow_envs(highest + 1)
+        trusted = self.trusted
+        seq = self._stream_seq(batch)
+        if seq is not None:
+            if self._seen_seq is None or seq != self._seen_seq + 1:
+                # steps are missing (a cut in the stream, a restore, a batch lost to an interrupt): no stored
+                # transition takes a later observation as next_obs, and no stack is trusted to continue
+                self._state.recent[:] = -1
+                self._state.trust[:] = 0
+            self._seen_seq = seq
+        # the slots to overwrite become unsampleable before any of their fields change (next_obs pending)
+        start, first_gen = self._fields.cursor, self._fields.total_added
+        if start + count <= self.capacity:
+            slots = np.arange(start, start + count)
+            self._next_refs[start : start + count, 0] = -1
+        else:
+            slots = (start + np.arange(count)) % self.capacity
+            self._next_refs[slots, 0] = -1
+        self._fields.add(rest)
         obs_frames, next_frames = self._as_frames(obs), self._as_frames(next_obs)
-        groups = _occurrence_groups(env)
-        for rows in groups:  # obs first, in time order per env (a loop over rows of one env in a batch)
-            self._add_obs(rows, env, slots, obs_frames, next_frames, done)
-        ended = np.flatnonzero(done)
-        if len(ended):
-            for rows in _occurrence_groups(env[ended]):
-                self._add_finals(ended[rows], env, slots, next_frames)
+        if in_order:
+            rows_of = slice(lowest, highest + 1) if highest - lowest + 1 == count else None
+            self._add_obs(env, rows_of, slots, first_gen, obs_frames, next_frames, done, any_done, trusted)
+        else:
+            for rows in _occurrence_groups(env, highest + 1):  # obs first, in time order per env
+                self._add_obs(
+                    env[rows], None, slots[rows], first_gen + rows, obs_frames[rows], next_frames[rows],
+                    done[rows], any_done, trusted,
+                )  # fmt: skip
+        if any_done:
+            ended = np.flatnonzero(done)
+            state = self._state
+            for rows in _occurrence_groups(env[ended], len(state.array)):
+                self._add_finals(ended if rows is None else ended[rows], env, slots, next_frames)
             # an env whose last row in this batch ended its episode: its newest observation is the final one
-            last_row = np.zeros(len(self._last), dtype=np.int64) - 1
+            last_row = np.zeros(len(state.array), dtype=np.int64) - 1
             last_row[env] = np.arange(len(env))  # later rows win
             envs = np.flatnonzero(last_row >= 0)
             finished = envs[done[last_row[envs]]]
-            self._last[finished] = self._final[finished]
+            state.last[finished] = state.final[finished]
         return slots
 
+    def _stream_seq(self, batch: TransitionBatch) -> int | None:
+        """The upstream's number of ``batch`` (``None``: not numbered), read when it is first added.
+
+        A batch added again after an interrupt keeps its number, though the
+        upstream may have moved on (a buffer redoes it when it adds the next).
+        """
+        if self._numbered is not None and self._numbered[0] is batch:
+            return self._numbered[1]
+        seq = getattr(self._upstream, "stream_seq", None)
+        self._numbered = (batch, seq)
+        return seq
+
+    @property
+    def trusted(self) -> bool:
+        """Whether stacks of an env inside an episode are taken to shift by one frame without comparing them.
+
+        ``check=None`` trusts the structure when the storage is fed by an
+        upstream that numbers its batches (an ``ExperienceSource`` or
+        ``NStepTransform``, through a buffer's ``upstream``); ``check=True``
+        always compares, ``check=False`` always trusts.
+        """
+        if self.check is None:
+            return getattr(self._upstream, "stream_seq", None) is not None
+        return not self.check
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """The bookkeeping an :meth:`add` changes, for :meth:`restore` to roll an interrupted add back.
+
+        Counters and the per-env state (one small int64 array; in checked mode
+        also the newest frame of each pending ``next_obs``): no frame array is
+        copied. The slots and pool frames an interrupted add wrote need no
+        copy: they were unsampleable while being written, and the add done
+        again rewrites them.
+        """
+        fields = self._fields
+        pending = None if self.trusted or self._pending is None else self._pending.copy()
+        return (fields.cursor, fields.size, fields.total_added, self._state.array.copy(), pending, self._seen_seq)
+
+    def restore(self, snapshot: tuple[Any, ...]) -> None:
+        """Roll the bookkeeping back to ``snapshot`` (taken by :meth:`snapshot` before an add that was cut short).
+
+        ``frames_written`` is not rolled back: pool positions an interrupted add
+        may have overwritten stay counted as written, so no stored stack can
+        refer to a frame that changed.
+        """
+        self._restore_bookkeeping(snapshot)
+        self._journal = None
+
+    def _restore_bookkeeping(self, snapshot: tuple[Any, ...]) -> None:
+        cursor, size, total_added, state, pending, seen_seq = snapshot
+        self._state = _EnvState(state.copy(), self.stack, self.n_step or 1)
+        if pending is not None:
+            self._pending = pending.copy()
+        self._seen_seq = seen_seq
+        fields = self._fields
+        fields.cursor, fields.size, fields.total_added = cursor, size, total_added
+
     def _checked_obs(self, batch: TransitionBatch) -> tuple[np.ndarray, np.ndarray]:
-        """``obs`` and ``next_obs`` of ``batch``, after checking they are arrays of the stored shape and dtype."""
+        """The framed part of ``obs`` and ``next_obs`` of ``batch``, checked to have the stored shape and dtype."""
         for name in (*_OBS_FIELDS, "env_id", "terminated", "truncated"):
             if name not in batch:
                 raise ValueError(
@@ -184,22 +347,55 @@ class FrameStorage:
                     "transitions as an ExperienceSource / NStepTransform produces them"
                 )
         obs, next_obs = batch["obs"], batch["next_obs"]
-        if isinstance(obs, dict) or isinstance(next_obs, dict):
+        if self.pool is None:
+            self._obs_keys = self._choose_frame_key(obs)
+        if (self._obs_keys is None) != (not isinstance(obs, dict)) or isinstance(obs, dict) != isinstance(
+            next_obs, dict
+        ):
             raise ValueError(
-                "FrameStorage stores array observations; for Dict observation spaces use the default ArrayStorage "
-                "(drop storage=) or wrap the env so observations are one pixel array"
+                "obs and next_obs must both be arrays or both be dicts, as in the first batch this FrameStorage stored"
             )
+        if self._obs_keys is not None:
+            for name, value in (("obs", obs), ("next_obs", next_obs)):
+                if tuple(sorted(value)) != self._obs_keys:
+                    raise ValueError(
+                        f"field {name!r} has the keys {sorted(value)}; the FrameStorage stores {list(self._obs_keys)} "
+                        "(from the first batch). Every batch must carry the same observation keys."
+                    )
+            obs, next_obs = obs[self.frame_key], next_obs[self.frame_key]
         obs, next_obs = np.asarray(obs), np.asarray(next_obs)
         if self.pool is None:
             self._allocate(obs)
         for name, value in (("obs", obs), ("next_obs", next_obs)):
             if value.shape[1:] != self.obs_shape or value.dtype != self.obs_dtype or len(value) != len(batch):
+                where = name if self._obs_keys is None else f"{name}.{self.frame_key}"
                 raise ValueError(
-                    f"field {name!r} has shape {value.shape} and dtype {value.dtype}; the FrameStorage stores "
+                    f"field {where!r} has shape {value.shape} and dtype {value.dtype}; the FrameStorage stores "
                     f"[{len(batch)}, *{self.obs_shape}] {self.obs_dtype} (allocated from the first batch). Every "
                     "batch added to one buffer must carry observations of one shape and dtype."
                 )
         return obs, next_obs
+
+    def _choose_frame_key(self, obs: Any) -> tuple[str, ...] | None:
+        """For Dict observations: check or choose ``frame_key``, and return the sorted keys (``None`` for arrays)."""
+        if not isinstance(obs, dict):
+            if self.frame_key is not None:
+                raise ValueError(f"frame_key={self.frame_key!r} is for Dict observations; these are arrays: drop it")
+            return None
+        keys = tuple(sorted(obs))
+        if any(isinstance(v, dict) for v in obs.values()):
+            raise ValueError("FrameStorage stores Dict observations one level deep; flatten nested dicts first")
+        if self.frame_key is None:
+            pixels = [k for k in keys if np.ndim(obs[k]) >= 3]  # [B, ...] with at least two dims per observation
+            if len(pixels) != 1:
+                raise ValueError(
+                    f"Dict observations with keys {list(keys)}: pass frame_key= naming the key whose observations "
+                    f"are frames to store once (found {len(pixels)} keys with 2+ dims per observation: {pixels})"
+                )
+            self.frame_key = pixels[0]
+        elif self.frame_key not in obs:
+            raise ValueError(f"frame_key={self.frame_key!r} is not a key of the observations {list(keys)}")
+        return keys
 
     def _allocate(self, obs: np.ndarray) -> None:
         self.obs_dtype, self.obs_shape = obs.dtype, tuple(obs.shape[1:])
@@ -219,24 +415,13 @@ class FrameStorage:
         self.pool = self._array("pool", (self.pool_size, *frame), self.obs_dtype, 0)
         self._obs_refs = self._array("obs_refs", (self.capacity, self.stack), np.int64, -1)
         self._next_refs = self._array("next_refs", (self.capacity, self.stack), np.int64, -1)
-        self._gen = np.full(self.capacity, -1, dtype=np.int64)
         self._allocate_env_state(0)  # shaped for this stack and frame now
 
     def _array(self, name: str, shape: tuple[int, ...], dtype: Any, fill: int) -> np.ndarray:
         """A zero/``fill`` array, in RAM or as a memory-mapped file ``memmap_dir/name.npy``."""
         if self.memmap_dir is None:
             return np.full(shape, fill, dtype=dtype) if fill else np.zeros(shape, dtype=dtype)
-        os.makedirs(self.memmap_dir, exist_ok=True)
-        path = os.path.join(self.memmap_dir, f"{name}.npy")
-        if os.path.exists(path):
-            raise FileExistsError(
-                f"{path} exists: memmap_dir must be a fresh directory per buffer (it is scratch space, overwritten "
-                "as the buffer runs); to keep a buffer use save(), to restore one use load()"
-            )
-        array = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
-        if fill:
-            array[:] = fill
-        return array
+        return open_fresh_memmap(self.memmap_dir, name, shape, dtype, fill)
 
     def _as_frames(self, obs: np.ndarray) -> np.ndarray:
         """``obs`` [B, *obs_shape] as ``[B, S, *frame]`` (a view)."""
@@ -246,48 +431,85 @@ class FrameStorage:
 
     def _add_obs(
         self,
-        rows: np.ndarray,
         env: np.ndarray,
+        rows_of: slice | None,
         slots: np.ndarray,
+        gens: np.ndarray | int,
         obs_frames: np.ndarray,
         next_frames: np.ndarray,
         done: np.ndarray,
+        any_done: bool,
+        trusted: bool,
     ) -> None:
-        """Store the observations of ``rows`` (at most one per env) and resolve what they are ``next_obs`` of."""
-        all_rows = len(rows) == len(env)
-        e = env if all_rows else env[rows]
-        s = slots if all_rows else slots[rows]
-        frames = obs_frames if all_rows else obs_frames[rows]
-        refs = self._insert_stacks(self._last[e], frames)
-        self._obs_refs[s] = refs
-        self._last[e] = refs
-        # the transition n_step rows back of each env has this observation as next_obs (if it did not end)
-        n = self.n_step
-        pos = self._count[e] % n
-        old_slot, old_gen = self._recent_slot[e, pos], self._recent_gen[e, pos]
-        waiting = self._recent_pending[e, pos] & (self._gen[old_slot] == old_gen)
-        if waiting.any():
+        """Store one observation per env of ``env`` (int64 [R], each env once) and resolve what they are next_obs of.
+
+        ``gens`` are the rows' transition numbers (int [R], or the first of
+        ``R`` consecutive ones). The env state of these envs is read in one
+        gather and written back in one scatter, or changed in place where the
+        envs are the consecutive rows ``rows_of`` of the state. The trusted
+        step (every stack continues its env's last one) costs about 15 numpy
+        calls, whatever the number of envs.
+        """
+        state, stack, count = self._state, self.stack, len(env)
+        row_state = state.array[rows_of] if rows_of is not None else state.array.take(env, axis=0)
+        last, trust_col = row_state[:, :stack], 2 * stack
+        floor = max(self.frames_written + count - self.pool_size, 0)  # frames from here survive this insert
+        if trusted and stack > 1 and row_state[:, trust_col].all() and last.min() >= floor:
+            # each stack is its env's last one shifted by one frame: write the newest frame, shift the references
+            positions = self._write_frames(obs_frames[:, -1], as_range=True)
+            last[:, :-1] = last[:, 1:]
+            last[:, -1] = positions
+            if any_done:
+                row_state[:, trust_col] = ~done
+        else:
+            refs, cont = self._insert_stacks(last, obs_frames, row_state[:, trust_col] if trusted else None)
+            last[:] = refs
+            row_state[:, trust_col] = cont & ~done
+        if slots[-1] - slots[0] == count - 1:  # (consecutive slots: a slice write)
+            self._obs_refs[slots[0] : slots[0] + count] = last
+        else:
+            self._obs_refs[slots] = last
+        # the transition n_step observations of this env back has this observation as next_obs, if it waits for
+        # one (its number is the oldest in `recent`, -1 if none) and was not overwritten since
+        recent = row_state[:, trust_col + 1 :]
+        waiting_gen = recent[:, 0]
+        waiting = waiting_gen >= max(self._fields.total_added - self.capacity, 0)
+        if not trusted:
             w = np.flatnonzero(waiting)
-            expected = self._pending_frame[e[w], pos[w]]
-            matches = _rows_equal(expected, frames[:, -1] if len(w) == len(e) else frames[w, -1])
-            if not matches.all():
-                raise ValueError(
-                    f"next_obs of a stored transition of env {int(e[w][~matches][0])} is not the obs {n} transition(s) "
-                    f"later: this FrameStorage has n_step={n}. Set n_step to the n of the NStepTransform that feeds "
-                    "the buffer (1 for 1-step data), and add every step of each env once, in time order."
-                )
-            self._next_refs[old_slot[w]] = refs[w]
-        ended = done if all_rows else done[rows]
-        self._recent_slot[e, pos] = s
-        self._recent_gen[e, pos] = self._gen[s]
-        self._recent_pending[e, pos] = ~ended
-        self._pending_frame[e, pos] = next_frames[:, -1] if all_rows else next_frames[rows, -1]
-        self._count[e] += 1
+            if len(w):
+                self._check_pending(env[w], obs_frames[w, -1])
+            self._pending[env, :-1] = self._pending[env, 1:]
+            self._pending[env, -1] = next_frames[:, -1]
+        if waiting.all():
+            self._next_refs[waiting_gen % self.capacity] = last
+        elif waiting.any():
+            self._next_refs[waiting_gen[waiting] % self.capacity] = last[waiting]
+        recent[:, :-1] = recent[:, 1:]  # (a shift register of the env's last n transition numbers)
+        if isinstance(gens, int):
+            np.add(self._env_range[:count], gens, out=recent[:, -1])
+        else:
+            recent[:, -1] = gens
+        if any_done:
+            recent[done, -1] = -1  # an ended transition has its final observation: it waits for nothing
+        if rows_of is None:
+            state.array[env] = row_state
+
+    def _check_pending(self, env: np.ndarray, newest: np.ndarray) -> None:
+        """Raise unless ``newest`` (frames [R, *frame]) are the newest frames of the pending next_obs they resolve."""
+        matches = _rows_equal(self._pending[env, 0], newest)
+        if not matches.all():
+            n = self.n_step
+            raise ValueError(
+                f"next_obs of a stored transition of env {int(env[~matches][0])} is not the obs {n} transition(s) "
+                f"later: this FrameStorage has n_step={n}. Set n_step to the n of the NStepTransform that feeds "
+                "the buffer (1 for 1-step data), and add every step of each env once, in time order."
+            )
 
     def _add_finals(self, rows: np.ndarray, env: np.ndarray, slots: np.ndarray, next_frames: np.ndarray) -> None:
         """Store the final observations of the ended ``rows`` (at most one per env): shared by one episode's tails."""
+        state = self._state
         e, finals = env[rows], next_frames[rows]
-        cached = self._final[e]
+        cached = state.final[e]
         same = np.zeros(len(rows), dtype=bool)
         alive = self._alive(cached, len(rows) * self.stack)
         if alive.any():
@@ -297,32 +519,43 @@ class FrameStorage:
         if not same.all():
             new = np.flatnonzero(~same)
             refs = cached.copy()
-            refs[new] = self._insert_stacks(self._last[e[new]], finals[new])
+            refs[new] = self._insert_stacks(state.last[e[new]], finals[new], None)[0]
         self._next_refs[slots[rows]] = refs
-        self._final[e] = refs
+        state.final[e] = refs
 
-    def _insert_stacks(self, prev: np.ndarray, frames: np.ndarray) -> np.ndarray:
+    def _insert_stacks(
+        self, prev: np.ndarray, frames: np.ndarray, trust: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Write the frames of stacks ``frames`` [R, S, *frame] not already pooled; their references int64 [R, S].
 
         A stack whose ``S - 1`` oldest frames equal the newest ones of ``prev``
         (the env's previous stack, int64 [R, S], -1 for none) continues it and
         writes one frame; any other stack writes each frame that differs from
-        the next one in the stack.
+        the next one in the stack. Rows whose ``trust`` (int [R]) is 1 are
+        taken to continue without comparing. Also returns which rows
+        continued their ``prev`` (bool [R]).
         """
         count, stack = frames.shape[0], self.stack
         if stack == 1:  # nothing to share between consecutive observations
-            return self._write_frames(frames[:, 0])[:, None]
-        cont = np.zeros(count, dtype=bool)
-        alive = self._alive(prev, count * stack)
-        if alive.all():  # the common step: no row selection (each would copy the stacks)
-            cont = _rows_equal(self.pool.take(prev[:, 1:] % self.pool_size, axis=0), frames[:, :-1])
-        elif alive.any():
-            a = np.flatnonzero(alive)
-            old = self.pool.take(prev[a, 1:] % self.pool_size, axis=0)
-            cont[a] = _rows_equal(old, frames[a, :-1])
+            return self._write_frames(frames[:, 0])[:, None], np.zeros(count, dtype=bool)
+        floor = max(self.frames_written + count * stack - self.pool_size, 0)  # frames from here survive this insert
+        if trust is not None and prev.min() >= floor and trust.all():  # the trusted step: no comparison
+            cont = np.ones(count, dtype=bool)
+        else:
+            alive = prev.min(axis=1) >= floor
+            known = alive & (trust == 1) if trust is not None else np.zeros(count, dtype=bool)
+            check = alive & ~known
+            cont = known
+            if check.all():  # the common checked step: no row selection (each would copy the stacks)
+                cont = _rows_equal(self.pool.take(prev[:, 1:] % self.pool_size, axis=0), frames[:, :-1])
+            elif check.any():
+                a = np.flatnonzero(check)
+                old = self.pool.take(prev[a, 1:] % self.pool_size, axis=0)
+                cont = known.copy()
+                cont[a] = _rows_equal(old, frames[a, :-1])
         if cont.all():  # the common step: one new frame per stack
             newest = self._write_frames(frames[:, -1])
-            return np.concatenate([prev[:, 1:], newest[:, None]], axis=1)
+            return np.concatenate([prev[:, 1:], newest[:, None]], axis=1), cont
         written = np.ones((count, stack), dtype=bool)
         frame = self.frame_shape
         repeats = _rows_equal(frames[:, :-1].reshape(-1, *frame), frames[:, 1:].reshape(-1, *frame))
@@ -333,48 +566,59 @@ class FrameStorage:
         # each frame refers to the nearest written frame at or after it in its stack (an equal one)
         refs = np.minimum.accumulate(positions[:, ::-1], axis=1)[:, ::-1].copy()
         refs[cont, :-1] = prev[cont, 1:]
-        return refs
+        return refs, cont
 
     def _alive(self, refs: np.ndarray, writes_ahead: int) -> np.ndarray:
         """Rows of ``refs`` [R, S] whose frames survive ``writes_ahead`` more frame writes (bool [R])."""
         floor = max(self.frames_written + writes_ahead - self.pool_size, 0)
         return refs.min(axis=1) >= floor
 
-    def _write_frames(self, frames: np.ndarray) -> np.ndarray:
-        """Append ``frames`` [m, *frame] to the pool ring; returns their absolute positions (int64 [m])."""
+    def _write_frames(self, frames: np.ndarray, as_range: bool = False) -> np.ndarray:
+        """Append ``frames`` [m, *frame] to the pool ring; returns their absolute positions (int64 [m]).
+
+        ``frames_written`` is advanced *before* the pool changes: a frame about
+        to be overwritten no longer counts as pooled, so however an interrupt
+        cuts the copy short, no stack can be rebuilt from a changed frame.
+        """
         count = len(frames)
         if count > self.pool_size:
             raise ValueError(
                 f"a batch needs {count} new frames but the pool holds {self.pool_size}; raise capacity or extra_frames"
             )
-        start = self.frames_written % self.pool_size
+        first_position = self.frames_written
+        self.frames_written = first_position + count
+        start = first_position % self.pool_size
         first = min(count, self.pool_size - start)
         self.pool[start : start + first] = frames[:first]
         if first < count:
             self.pool[: count - first] = frames[first:]
-        positions = np.arange(self.frames_written, self.frames_written + count)
-        self.frames_written += count
-        return positions
+        if as_range and count <= len(self._env_range):  # (a cached arange: one numpy call fewer)
+            return self._env_range[:count] + first_position
+        return np.arange(first_position, first_position + count)
 
     def _allocate_env_state(self, num_envs: int) -> None:
-        self._last = np.full((num_envs, self.stack), -1, dtype=np.int64)  # newest stack per env
-        self._final = np.full((num_envs, self.stack), -1, dtype=np.int64)  # newest final stack per env
-        self._count = np.zeros(num_envs, dtype=np.int64)  # observations stored per env
         n = self.n_step or 1
-        self._recent_slot = np.zeros((num_envs, n), dtype=np.int64)  # slot of the env's observation k at k % n
-        self._recent_gen = np.full((num_envs, n), -1, dtype=np.int64)
-        self._recent_pending = np.zeros((num_envs, n), dtype=bool)  # that transition waits for its next_obs
+        self._state = _EnvState.empty(num_envs, self.stack, n)
         frame = getattr(self, "frame_shape", ())
-        self._pending_frame = np.zeros((num_envs, n, *frame), dtype=self.obs_dtype or np.uint8)
+        # the newest frame of each pending next_obs, checked against the obs that resolves it (checked mode)
+        self._pending = np.zeros((num_envs, n, *frame), dtype=self.obs_dtype or np.uint8)  # oldest first
+        self._env_range = np.arange(max(num_envs, 64))
+        self._env_range_bytes = self._env_range.astype(np.int64).tobytes()
 
     def _grow_envs(self, num_envs: int) -> None:
-        have = len(self._count)
+        """Make room for envs ``0 .. num_envs - 1``; the new state replaces the old in one assignment."""
+        have = len(self._state.array)
         if num_envs <= have:
             return
-        old = {k: getattr(self, k) for k in _ENV_STATE}
-        self._allocate_env_state(max(num_envs, 2 * have))
-        for k, value in old.items():
-            getattr(self, k)[:have] = value
+        size = max(num_envs, 2 * have)
+        state = _EnvState.empty(size, self.stack, self.n_step or 1)
+        state.array[:have] = self._state.array
+        pending = np.zeros((size, *self._pending.shape[1:]), dtype=self._pending.dtype)
+        pending[: len(self._pending)] = self._pending[:size]
+        self._pending = pending
+        self._env_range = np.arange(max(size, 64))
+        self._env_range_bytes = self._env_range.astype(np.int64).tobytes()
+        self._state = state
 
     # ------------------------------------------------------------------ reading
     def sampleable(self, indices: np.ndarray) -> np.ndarray:
@@ -397,8 +641,13 @@ class FrameStorage:
         """
         indices = np.asarray(indices)
         batch = self._fields.gather(indices)
-        batch["obs"] = self._stacks(self._obs_refs.take(indices, axis=0))
-        batch["next_obs"] = self._stacks(self._next_refs.take(indices, axis=0))
+        obs = self._stacks(self._obs_refs.take(indices, axis=0))
+        next_obs = self._stacks(self._next_refs.take(indices, axis=0))
+        if self._obs_keys is not None:  # Dict observations: the frames beside the per-transition keys
+            obs = {**batch["obs"], self.frame_key: obs}
+            next_obs = {**batch["next_obs"], self.frame_key: next_obs}
+            obs, next_obs = ({k: d[k] for k in self._obs_keys} for d in (obs, next_obs))
+        batch["obs"], batch["next_obs"] = obs, next_obs
         return batch
 
     def _stacks(self, refs: np.ndarray) -> np.ndarray:
@@ -418,9 +667,8 @@ class FrameStorage:
             "pool": self.pool[:kept],
             "obs_refs": self._obs_refs[:size],
             "next_refs": self._next_refs[:size],
-            "gen": self._gen[:size],
         }
-        arrays.update({k.lstrip("_"): getattr(self, k) for k in _ENV_STATE})
+        arrays.update(self._state.columns())
         for path, leaf in _named_leaves(self._fields.fields):
             arrays[f"field.{path}"] = leaf[:size]
         return arrays
@@ -435,6 +683,8 @@ class FrameStorage:
             "cursor": self.cursor,
             "size": self.size,
             "total_added": self.total_added,
+            "frame_key": self.frame_key,
+            "obs_keys": None if self._obs_keys is None else list(self._obs_keys),
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -480,6 +730,8 @@ class FrameStorage:
             )
         size = int(meta["size"])
         self.n_step = meta["n_step"]
+        self.frame_key = meta.get("frame_key")
+        self._obs_keys = None if meta.get("obs_keys") is None else tuple(meta["obs_keys"])
         fields = {}
         for name, value in arrays.items():
             if name.startswith("field."):
@@ -501,13 +753,16 @@ class FrameStorage:
         self.frames_written = int(meta["frames_written"])
         self._obs_refs[:size] = arrays["obs_refs"]
         self._next_refs[:size] = arrays["next_refs"]
-        self._gen[:size] = arrays["gen"]
-        num_envs = len(arrays["count"])
-        self._allocate_env_state(num_envs)
-        for k in _ENV_STATE:
-            getattr(self, k)[:] = arrays[k.lstrip("_")]
-        # the envs start new episodes after a restore: no stored transition may take a later observation as next_obs
-        self._recent_pending[:] = False
+        self._allocate_env_state(len(arrays["last"]))
+        for name, column in self._state.columns().items():
+            if name in arrays:  # (saves before "trust" existed lack it: nothing is trusted then)
+                column[:] = arrays[name]
+        # the envs start new episodes after a restore: no stored transition may take a later observation as next_obs,
+        # and no stack is trusted to continue one stored before
+        self._state.recent[:] = -1
+        self._state.trust[:] = 0
+        self._seen_seq = None
+        self._journal = None
 
     def _obs_shape_from(self, frame: tuple[int, ...], stack: int) -> tuple[int, ...]:
         if self.stack_axis is None:
@@ -534,9 +789,6 @@ class FrameStorage:
         )
 
 
-_ENV_STATE = ("_last", "_final", "_count", "_recent_slot", "_recent_gen", "_recent_pending", "_pending_frame")
-
-
 def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Bitwise equality of each row of ``a`` and ``b`` (same shape and dtype, [R, ...]) as bool [R]."""
     rows = a.shape[0]
@@ -551,16 +803,56 @@ def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a == b).all(axis=1)
 
 
-def _occurrence_groups(env: np.ndarray) -> list[np.ndarray]:
-    """Row sets in which each env occurs at most once, in time order (row ``k`` of an env is in group ``k``)."""
-    if len(env) <= 1 or len(np.unique(env)) == len(env):
-        return [np.arange(len(env))]
+def _occurrence_groups(env: np.ndarray, num_envs: int) -> list[np.ndarray | None]:
+    """Row sets in which each env occurs at most once, in time order (row ``k`` of an env is in group ``k``).
+
+    ``[None]`` (all rows, one group) when no env occurs twice, the common vector step.
+    """
+    if len(env) <= 1:
+        return [None]
+    counts = np.bincount(env, minlength=num_envs)
+    if counts.max() <= 1:
+        return [None]
     order = np.argsort(env, kind="stable")
     sorted_env = env[order]
     group_start = np.searchsorted(sorted_env, sorted_env, side="left")
     occurrence = np.empty(len(env), dtype=np.int64)
     occurrence[order] = np.arange(len(env)) - group_start
     return [np.flatnonzero(occurrence == k) for k in range(int(occurrence.max()) + 1)]
+
+
+class _EnvState:
+    """Per-env bookkeeping of a :class:`FrameStorage` in one int64 array [E, W], with named column views.
+
+    One array, so that a snapshot is one small copy and an env's state is read
+    and written back with one gather and one scatter. Columns: the env's
+    newest stack (``last``, S frame positions), the newest final stack
+    (``final``, S), whether its next stack may be trusted to continue the
+    newest (``trust``), and, oldest first, the numbers of the transitions of
+    its last ``n`` observations that wait for their ``next_obs`` (``recent``,
+    a shift register; -1 for none; a transition's slot is its number modulo
+    ``capacity``).
+    """
+
+    __slots__ = ("array", "last", "final", "trust", "recent")
+
+    def __init__(self, array: np.ndarray, stack: int, n: int) -> None:
+        s = stack
+        self.array = array
+        self.last, self.final = array[:, :s], array[:, s : 2 * s]
+        self.trust, self.recent = array[:, 2 * s], array[:, 2 * s + 1 : 2 * s + 1 + n]
+
+    @classmethod
+    def empty(cls, num_envs: int, stack: int, n: int) -> _EnvState:
+        state = cls(np.zeros((num_envs, 2 * stack + 1 + n), dtype=np.int64), stack, n)
+        state.last[:] = -1
+        state.final[:] = -1
+        state.recent[:] = -1
+        return state
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The state by column name (views)."""
+        return {name: getattr(self, name) for name in self.__slots__[1:]}
 
 
 def _leaves(tree: Any) -> Iterator[np.ndarray]:

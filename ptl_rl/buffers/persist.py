@@ -29,8 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ptl_rl.batch import tree_leaves
+
 MANIFEST = "manifest.json"
 FORMAT = "ptl_rl.FrameStorage"
+ARRAY_FORMAT = "ptl_rl.ArrayStorage"  # an ArrayStorage or MemmapStorage: one file per field leaf
 VERSION = 1
 EXTRA_STATE = "buffer_state.pt"
 # checkpoint_dir keeps this many saves; older ones (and the checkpoints that refer to them) lose their replay
@@ -38,7 +41,7 @@ KEEP_SAVES = 2
 
 
 def save_directory(storage: Any, directory: str | os.PathLike, extra_state: dict[str, Any] | None = None) -> str:
-    """Write ``storage`` (a :class:`~ptl_rl.buffers.frames.FrameStorage`) to ``directory``; returns its path.
+    """Write ``storage`` (a ``FrameStorage``, ``ArrayStorage`` or ``MemmapStorage``) to ``directory``; returns its path.
 
     ``extra_state`` (plain containers and tensors, e.g. a buffer's RNG and
     priorities) is stored beside it with ``torch.save``.
@@ -53,7 +56,8 @@ def save_directory(storage: Any, directory: str | os.PathLike, extra_state: dict
     os.makedirs(tmp)
     try:
         listing = {}
-        for name, array in storage._arrays().items():
+        kind, meta, arrays = _parts(storage)
+        for name, array in arrays.items():
             filename = f"{name}.npy"
             path = os.path.join(tmp, filename)
             with open(path, "wb") as f:
@@ -73,10 +77,10 @@ def save_directory(storage: Any, directory: str | os.PathLike, extra_state: dict
                 f.flush()
                 os.fsync(f.fileno())
         manifest = {
-            "format": FORMAT,
+            "format": kind,
             "version": VERSION,
             "save_id": save_id,
-            "meta": storage._meta(),
+            "meta": meta,
             "arrays": listing,
         }
         _write_synced(os.path.join(tmp, MANIFEST), json.dumps(manifest, indent=1).encode())
@@ -107,10 +111,10 @@ def read_manifest(directory: str | os.PathLike, expected_save_id: str | None = N
         )
     with open(path, "rb") as f:
         manifest = json.loads(f.read())
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+    if manifest.get("format") not in (FORMAT, ARRAY_FORMAT) or manifest.get("version") != VERSION:
         raise ValueError(
             f"{path} is format {manifest.get('format')!r} version {manifest.get('version')}; this ptl_rl reads "
-            f"{FORMAT!r} version {VERSION}"
+            f"{FORMAT!r} and {ARRAY_FORMAT!r} version {VERSION}"
         )
     if expected_save_id is not None and manifest["save_id"] != expected_save_id:
         raise ValueError(
@@ -130,13 +134,22 @@ def read_manifest(directory: str | os.PathLike, expected_save_id: str | None = N
 def load_directory(storage: Any, directory: str | os.PathLike, expected_save_id: str | None = None) -> dict[str, Any]:
     """Fill ``storage`` from a save in ``directory`` (arrays memory-mapped, streamed in); returns the manifest."""
     manifest = read_manifest(directory, expected_save_id)
+    kind = FORMAT if hasattr(storage, "_restore") else ARRAY_FORMAT
+    if manifest["format"] != kind:
+        raise ValueError(
+            f"{directory} holds a {manifest['format']} save; this buffer's storage is a {type(storage).__name__} "
+            f"({kind}). Create the buffer with the storage= it was saved with."
+        )
     arrays = {}
     for name, entry in manifest["arrays"].items():
         array = np.load(os.path.join(os.fspath(directory), entry["file"]), mmap_mode="r", allow_pickle=False)
         if list(array.shape) != entry["shape"] or np.lib.format.dtype_to_descr(array.dtype) != entry["dtype"]:
             raise ValueError(f"{entry['file']} in {directory} does not match its manifest entry; the save is damaged")
         arrays[name] = array
-    storage._restore(manifest["meta"], arrays)
+    if kind == FORMAT:
+        storage._restore(manifest["meta"], arrays)
+    else:
+        _restore_array_storage(storage, manifest["meta"], arrays)
     return manifest
 
 
@@ -154,7 +167,11 @@ def load_buffer(buffer: Any, directory: str | os.PathLike) -> None:
     manifest = read_manifest(directory)
     path = os.path.join(os.fspath(directory), EXTRA_STATE)
     state = torch.load(path, weights_only=True)
-    state["storage"] = {"directory": os.fspath(directory), "save_id": manifest["save_id"]}
+    if hasattr(buffer.storage, "_restore"):  # a FrameStorage loads the directory as its state
+        state["storage"] = {"directory": os.fspath(directory), "save_id": manifest["save_id"]}
+    else:  # an ArrayStorage is loaded here; the buffer then takes its state (views of what was just loaded)
+        load_directory(buffer.storage, directory, manifest["save_id"])
+        state["storage"] = buffer.storage.state_dict()
     buffer.load_state_dict(state)
 
 
@@ -172,6 +189,33 @@ def save_to_checkpoint_dir(storage: Any, root: str | os.PathLike) -> dict[str, A
     for old in saves[:-KEEP_SAVES]:
         shutil.rmtree(old, ignore_errors=True)
     return {"directory": directory, "save_id": save_id}
+
+
+def _parts(storage: Any) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]:
+    """(format, meta, arrays by name) of a storage: a FrameStorage's own, or an ArrayStorage's field leaves."""
+    if hasattr(storage, "_arrays"):
+        return FORMAT, storage._meta(), storage._arrays()
+    meta = {k: int(getattr(storage, k)) for k in ("capacity", "cursor", "size", "total_added")}
+    fields = {} if storage.fields is None else storage.fields
+    arrays = {f"field.{path}": leaf[: storage.size] for path, leaf in tree_leaves(fields)}
+    meta["empty"] = storage.fields is None
+    return ARRAY_FORMAT, meta, arrays
+
+
+def _restore_array_storage(storage: Any, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Fill an ArrayStorage (or MemmapStorage: streamed into its files) from a save's ``meta`` and ``arrays``."""
+    if meta.get("empty"):
+        storage.load_state_dict({"capacity": meta["capacity"], "fields": None})
+        return
+    fields: dict[str, Any] = {}
+    for name, array in arrays.items():
+        *keys, leaf = name[len("field.") :].split(".")
+        node = fields
+        for key in keys:
+            node = node.setdefault(key, {})
+        node[leaf] = torch.from_numpy(np.array(array))  # (the save's files are read-only maps: copied)
+    state = {k: meta[k] for k in ("capacity", "cursor", "size", "total_added")}
+    storage.load_state_dict({**state, "fields": fields})
 
 
 def _replace(tmp: str, directory: str, save_id: str) -> None:

@@ -108,9 +108,9 @@ class ReplayBuffer:
         self.replacement = bool(replacement)
         self.passes = ShuffledPasses()  # the order of sampling without replacement
         self._credit = 0  # transitions collected but not yet spent on a yield
-        # (cursor, size, total_added, batch) while an add is under way: still set on entry means the
+        # (storage snapshot, batch) while an add is under way: still set on entry means the
         # previous add was interrupted, possibly between two fields of a row (see add)
-        self._unfinished_add: tuple[int, int, int, TransitionBatch] | None = None
+        self._unfinished_add: tuple[Any, TransitionBatch] | None = None
 
     def __len__(self) -> int:
         return len(self.storage)
@@ -147,11 +147,13 @@ class ReplayBuffer:
         Interrupt-safe: the storage writes one field after the other, so an interrupt (a
         KeyboardInterrupt, ...) inside a write can leave a slot with some fields of the new row
         and some of the row it overwrites. The next ``add`` therefore first rolls the storage's
-        counters back and writes the interrupted batch again, in full, into the same slots.
+        counters back (all its bookkeeping, for a storage with ``snapshot``/``restore``; see
+        :func:`storage_snapshot`) and writes the interrupted batch again, in full, into the same slots.
         """
         self._finish_interrupted_add()
         storage = self.storage
-        self._unfinished_add = (storage.cursor, storage.size, storage.total_added, batch)
+        self._unfinished_add = (None, batch)  # (a storage's snapshot runs code an interrupt can cut short)
+        self._unfinished_add = (storage_snapshot(storage), batch)
         slots = storage.add(batch)
         self._unfinished_add = None
         return slots
@@ -161,14 +163,16 @@ class ReplayBuffer:
         if self._unfinished_add is None:
             return
         storage = self.storage
-        cursor, size, total_added, unfinished = self._unfinished_add
-        storage.cursor, storage.size, storage.total_added = cursor, size, total_added
+        saved, unfinished = self._unfinished_add
+        if saved is None:  # cut short while taking the snapshot: nothing was written
+            saved = storage_snapshot(storage)
+        restore_storage(storage, saved)
         try:
             storage.add(unfinished)
         except (TypeError, ValueError):
             # the storage rejects that batch: that was the error, not an interrupt, and a
             # rejected batch is refused before anything is written
-            storage.cursor, storage.size, storage.total_added = cursor, size, total_added
+            restore_storage(storage, saved)
         self._unfinished_add = None
 
     def sample(self, batch_size: int) -> TransitionBatch:
@@ -240,3 +244,24 @@ class ReplayBuffer:
 
     def _size_counters(self) -> dict[str, Any]:
         return {"size": f"{len(self)}/{self.capacity}", "warmup": self.warmup}
+
+
+def storage_snapshot(storage: Any) -> Any:
+    """What an add may change in ``storage`` and an interrupted add must roll back, taken before the add.
+
+    A storage with ``snapshot()`` (a :class:`~ptl_rl.buffers.FrameStorage`: its
+    counters and per-env bookkeeping) gives its own; for any other (an
+    :class:`~ptl_rl.buffers.ArrayStorage`, whose rows are rewritten in full) the
+    three counters suffice.
+    """
+    if hasattr(storage, "snapshot"):
+        return storage.snapshot()
+    return (storage.cursor, storage.size, storage.total_added)
+
+
+def restore_storage(storage: Any, snapshot: Any) -> None:
+    """Roll ``storage`` back to ``snapshot`` (from :func:`storage_snapshot`) before writing the same batch again."""
+    if hasattr(storage, "restore"):
+        storage.restore(snapshot)
+    else:
+        storage.cursor, storage.size, storage.total_added = snapshot

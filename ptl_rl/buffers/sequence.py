@@ -35,6 +35,7 @@ import torch
 
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.indexed import IndexedReplayBuffer, check_reserved_fields
+from ptl_rl.buffers.replay import restore_storage, storage_snapshot
 from ptl_rl.reprs import stage_repr
 from ptl_rl.schedules import Schedule
 
@@ -147,7 +148,7 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
         self._recent_gen = np.full((0, self.length), -1, dtype=np.int64)  # its generation, to see overwrites
         # (storage counters, per-env state, batch) while an add is under way: still set on entry means the
         # previous add was interrupted, with its rows maybe half written or half linked (see add)
-        self._journal: tuple[tuple[int, int, int], tuple[np.ndarray, ...], TransitionBatch] | None = None
+        self._journal: tuple[Any, tuple[np.ndarray, ...] | None, TransitionBatch] | None = None
         self._upstream_seq: int | None = None  # stream_seq of the last upstream batch added
 
     @property
@@ -201,7 +202,8 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
             raise ValueError(f"env_id must be >= 0, got {env.min()}")
         storage = self.storage
         counters = (storage.cursor, storage.size, storage.total_added)
-        self._journal = (counters, self._per_env_state(), batch)
+        self._journal = (None, None, batch)  # (taking the snapshots runs code an interrupt can cut short)
+        self._journal = (storage_snapshot(storage), self._per_env_state(), batch)
         try:
             slots = self._store_and_link(batch, env)
         except (TypeError, ValueError):
@@ -215,9 +217,10 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
         """Redo an add that an interrupt cut short (see :meth:`add`), from the state saved before it."""
         if self._journal is None:
             return
-        (cursor, size, total_added), per_env, batch = self._journal
-        storage = self.storage
-        storage.cursor, storage.size, storage.total_added = cursor, size, total_added
+        saved, per_env, batch = self._journal
+        if saved is None:  # cut short while taking the snapshots: nothing was written yet
+            saved, per_env = storage_snapshot(self.storage), self._per_env_state()
+        restore_storage(self.storage, saved)
         self._env_steps, self._episode_start, self._recent_slot, self._recent_gen = (a.copy() for a in per_env)
         self._store_and_link(batch, np.asarray(batch["env_id"], dtype=np.int64))
         self._journal = None
