@@ -303,7 +303,7 @@ def test_checkpoint_refers_to_directory(tmp_path):
     """With checkpoint_dir the state holds a path, not the replay; loading it restores the same contents."""
     buffer, storage = filled_buffer(tmp_path, True, checkpoint=True)
     state = buffer.state_dict()
-    assert set(state["storage"]) == {"directory", "save_id"}
+    assert set(state["storage"]) == {"directory", "save_id", "state_version"}
     blob = tmp_path / "state.pt"
     torch.save(state, blob)
     assert os.path.getsize(blob) < 100_000  # the replay (frames) is not in it

@@ -42,6 +42,7 @@ STATEFUL: dict[str, Callable[[], Any]] = {
     "PrioritizedReplayBuffer": lambda: _filled(ptl_rl.PrioritizedReplayBuffer(None, 16, warmup=0)),
     "SequenceReplayBuffer": lambda: _filled(ptl_rl.SequenceReplayBuffer(None, 16, length=2, warmup=0)),
     "RolloutBuffer": _rollout,
+    "ArrayStorage": lambda: _filled(ptl_rl.buffers.ArrayStorage(16)),
     "EpsilonGreedySelector": lambda: ptl_rl.EpsilonGreedySelector(0.1, seed=0),
 }
 

@@ -48,6 +48,7 @@ import torch
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.memmap import MemmapStorage, open_fresh_memmap
 from ptl_rl.buffers.storage import ArrayStorage
+from ptl_rl.state import check_version, versioned
 
 _OBS_FIELDS = ("obs", "next_obs")
 
@@ -687,6 +688,8 @@ class FrameStorage:
             "obs_keys": None if self._obs_keys is None else list(self._obs_keys),
         }
 
+    STATE_VERSION = 1
+
     def state_dict(self) -> dict[str, Any]:
         """The storage as tensors (views of its arrays, ``weights_only``-safe), or a reference to a saved directory.
 
@@ -694,18 +697,19 @@ class FrameStorage:
         and the state is ``{"directory": path, "save_id": ...}``.
         """
         if self.pool is None:
-            return {"capacity": self.capacity, "fields": None}
+            return versioned({"capacity": self.capacity, "fields": None}, self.STATE_VERSION)
         if self.checkpoint_dir is not None:
             from ptl_rl.buffers.persist import save_to_checkpoint_dir
 
-            return save_to_checkpoint_dir(self, self.checkpoint_dir)
+            return versioned(save_to_checkpoint_dir(self, self.checkpoint_dir), self.STATE_VERSION)
         state = self._meta()
         state["arrays"] = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self._arrays().items()}
         state["fields"] = list(self._fields.fields)
-        return state
+        return versioned(state, self.STATE_VERSION)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state (or the directory it refers to); transitions waiting for ``next_obs`` stay unsampleable."""
+        check_version(state, self.STATE_VERSION, type(self).__name__)
         if "directory" in state:
             from ptl_rl.buffers.persist import load_directory
 

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from ptl_rl.batch import TransitionBatch, tree_leaves, tree_map
+from ptl_rl.state import check_version, versioned
 
 # The field contract's dtypes (DESIGN.md). A buffer stores these fields in these dtypes whatever the first batch
 # brought (SyncVectorEnv's float64 rewards, a recorded dataset's int terminals), and casts later batches to them.
@@ -126,6 +127,8 @@ class ArrayStorage:
         return TransitionBatch({name: _take(v, indices) for name, v in self.fields.items()})
 
     # ------------------------------------------------------------------ state
+    STATE_VERSION = 1
+
     def state_dict(self) -> dict[str, Any]:
         """Stored rows as tensors in slot order, plus the cursor (``weights_only``-safe).
 
@@ -134,8 +137,8 @@ class ArrayStorage:
         before the buffer changes again.
         """
         if self.fields is None:
-            return {"capacity": self.capacity, "fields": None}
-        return {
+            return versioned({"capacity": self.capacity, "fields": None}, self.STATE_VERSION)
+        state = {
             "capacity": self.capacity,
             "fields": {
                 name: tree_map(lambda a: torch.from_numpy(a[: self.size]), v) for name, v in self.fields.items()
@@ -144,8 +147,10 @@ class ArrayStorage:
             "size": self.size,
             "total_added": self.total_added,
         }
+        return versioned(state, self.STATE_VERSION)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_version(state, self.STATE_VERSION, type(self).__name__)
         if int(state["capacity"]) != self.capacity:
             raise ValueError(
                 f"state holds a buffer of capacity {state['capacity']}, this buffer has capacity {self.capacity}; "
