@@ -68,7 +68,11 @@ def execute(path: Path) -> nbformat.NotebookNode:
     """Run ``path`` top to bottom in a fresh kernel; return the executed notebook (unsaved)."""
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(
-        notebook, timeout=TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+        notebook,
+        timeout=TIMEOUT_S,
+        kernel_name="python3",
+        record_timing=False,  # no per-cell timestamps: re-executing an unchanged notebook gives an empty diff
+        resources={"metadata": {"path": str(path.parent)}},
     ).execute()
     return notebook
 
