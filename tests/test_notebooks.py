@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -61,6 +63,20 @@ def _machine_paths(notebook: nbformat.NotebookNode) -> list[str]:
 
 def test_there_are_six_notebooks() -> None:
     assert [p.name[:3] for p in NOTEBOOKS] == ["01_", "02_", "03_", "04_", "05_", "06_"], NOTEBOOKS
+
+
+def test_scrub_replaces_machine_paths_and_keeps_the_rest() -> None:
+    execute = _load_execute_module()
+    text = (
+        f"{execute.REPO}/ptl_rl/buffers/replay.py:42: UserWarning: w\n"
+        f"{sys.prefix}/lib/python3.11/site-packages/lightning/pytorch/trainer.py:7: PossibleUserWarning\n"
+        f"Restored all states from the checkpoint at {tempfile.gettempdir()}/tmpab12cd/last.ckpt\n"
+        "Checkpoint directory /home/someone/runs/x exists; see /work/other/file.txt"
+    )
+    scrubbed = execute.scrub_text(text)
+    assert not [needle for needle in MACHINE_PATHS if needle in scrubbed], scrubbed
+    for kept in ("ptl_rl/buffers/replay.py:42: UserWarning", "lightning/pytorch/trainer.py:7", "/last.ckpt"):
+        assert kept in scrubbed, scrubbed
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
