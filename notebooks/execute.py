@@ -44,11 +44,16 @@ def _prefixes() -> list[tuple[str, str]]:
 _LEFTOVER = re.compile(r"(/(?:work|home|tmp|root|Users)/|[A-Za-z]:\\Users\\)[^\s'\"]*")
 
 
+# a directory made by tempfile.mkdtemp: its random name would change the outputs at every run
+_MKDTEMP = re.compile(r"<tmp>/tmp[\w-]{6,}")
+
+
 def scrub_text(text: str) -> str:
     """Replace this machine's absolute paths in ``text`` by placeholders."""
     for prefix, placeholder in _prefixes():
-        text = text.replace(prefix, placeholder)
-    return _LEFTOVER.sub("<path>", text)
+        # whole path components only: the prefix /tmp must not eat the start of /tmpab12cd
+        text = re.sub(re.escape(prefix) + r"(?![\w.-])", lambda _match, p=placeholder: p, text)
+    return _LEFTOVER.sub("<path>", _MKDTEMP.sub("<tmp>/<tempdir>", text))
 
 
 def scrub(notebook: nbformat.NotebookNode) -> None:

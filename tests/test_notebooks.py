@@ -77,6 +77,8 @@ def test_scrub_replaces_machine_paths_and_keeps_the_rest() -> None:
     assert not [needle for needle in MACHINE_PATHS if needle in scrubbed], scrubbed
     for kept in ("ptl_rl/buffers/replay.py:42: UserWarning", "lightning/pytorch/trainer.py:7", "/last.ckpt"):
         assert kept in scrubbed, scrubbed
+    # a prefix replaces whole path components only, and mkdtemp's random names become one fixed name
+    assert "<tmp>/<tempdir>/last.ckpt" in scrubbed, scrubbed
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
