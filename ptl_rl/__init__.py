@@ -37,6 +37,7 @@ from ptl_rl.lightning import (
 )
 from ptl_rl.nstep import NStepTransform
 from ptl_rl.offline import MinariRecorder, MinariSource, minari_replay_buffer, open_minari_dataset
+from ptl_rl.profiling import PipelineProfile, profile, set_profiling
 from ptl_rl.ranks import assign_rank, rank_seed
 from ptl_rl.sampler import BatchSampler
 from ptl_rl.schedules import LinearSchedule
@@ -54,6 +55,9 @@ __all__ = [
     "EvaluationMixin",
     "PipelineCheckpoint",
     "PipelineLoader",
+    "PipelineProfile",
+    "profile",
+    "set_profiling",
     "assign_rank",
     "evaluation_dataloader",
     "rank_seed",

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ptl_rl.profiling import HOST_TO_DEVICE, SWITCH, perf_counter_ns
+
 CORE_FIELDS = (
     "obs",
     "action",
@@ -285,9 +287,12 @@ class TorchBatch(_FieldBatch):
         device = torch.device(device)
         if all(leaf.device == device for _, value in self._fields.items() for _, leaf in tree_leaves(value)):
             return self
+        start = perf_counter_ns()
         moved = TorchBatch(
             {k: tree_map(lambda t: t.to(device, non_blocking=non_blocking), v) for k, v in self._fields.items()}
         )
+        if SWITCH.on:  # the copy is queued (non_blocking) or done: what the host spends on it
+            HOST_TO_DEVICE.add(perf_counter_ns() - start, len(moved))
         return self._pass_feedback(moved)
 
     def rows(self, index: torch.Tensor | slice) -> TorchBatch:

@@ -36,6 +36,7 @@ import torch
 
 from ptl_rl.batch import CORE_FIELDS, TransitionBatch, tree_leaves, tree_map
 from ptl_rl.checks import check_agent
+from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
 from ptl_rl.reprs import env_name, stage_repr
 
 NEXT_STEP, SAME_STEP, DISABLED = "NextStep", "SameStep", "Disabled"
@@ -275,12 +276,24 @@ class ExperienceSource:
         self.episodes_finished = 0
         self._pending_episodes: deque[Episode] = deque(maxlen=int(max_pending_episodes))
         self._recent: deque[Episode] = deque(maxlen=stats_window)
+        # time accounting (ptl_rl.profile): the env step and the agent call are parts of the source's own time
+        self._env_clock = StageClock("env step", "env steps")
+        self._agent_clock = StageClock("agent call", "env steps")
+        self.clock = StageClock("source bookkeeping", "transitions", (self._env_clock, self._agent_clock))
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> ExperienceSource:
         return self
 
     def __next__(self) -> TransitionBatch:
+        if not SWITCH.on:
+            return self._next()
+        start = perf_counter_ns()
+        batch = self._next()
+        self.clock.add(perf_counter_ns() - start, len(batch))
+        return batch
+
+    def _next(self) -> TransitionBatch:
         # A previous next() that did not finish (KeyboardInterrupt, an exception in the env or
         # the agent) may have stepped some sub-envs without recording it: the only state known
         # to be right is a fresh episode in every sub-env. The flag is set before the reset, so
@@ -428,7 +441,12 @@ class ExperienceSource:
     def _act(self) -> tuple[np.ndarray, dict[str, Any]]:
         if self._agent_reset_state is not None and np.count_nonzero(self._fresh):
             self._agent_reset_state(self._fresh.copy())
-        out = self.agent(self._obs)
+        if SWITCH.on:
+            start = perf_counter_ns()
+            out = self.agent(self._obs)
+            self._agent_clock.add(perf_counter_ns() - start, self.num_envs)
+        else:
+            out = self.agent(self._obs)
         actions, extras = out if isinstance(out, tuple) else (out, None)
         if not isinstance(actions, np.ndarray):
             actions = _to_numpy(actions)
@@ -460,7 +478,12 @@ class ExperienceSource:
 
     def _env_step(self, actions: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         try:
-            result = self.env.step(actions if self.is_vector else actions[0])
+            if SWITCH.on:
+                start = perf_counter_ns()
+                result = self.env.step(actions if self.is_vector else actions[0])
+                self._env_clock.add(perf_counter_ns() - start, self.num_envs)
+            else:
+                result = self.env.step(actions if self.is_vector else actions[0])
         except Exception as exc:
             self._note_failed_sub_env(exc)
             raise
