@@ -22,7 +22,7 @@ from ptl_rl.buffers import (
     SequenceReplayBuffer,
     SumTree,
 )
-from ptl_rl.callbacks import EnvStepLimit, EpisodeStatsLogger, PeriodicEvaluation
+from ptl_rl.callbacks import EnvStepLimit, EpisodeStatsLogger, PeriodicEvaluation, PipelineProfiler
 from ptl_rl.distributions import ActionRescaler, action_head
 from ptl_rl.evaluation import EvaluationDataset, evaluate, evaluation_dataloader, run_episodes
 from ptl_rl.gae import compute_gae
@@ -56,6 +56,7 @@ __all__ = [
     "PipelineCheckpoint",
     "PipelineLoader",
     "PipelineProfile",
+    "PipelineProfiler",
     "profile",
     "set_profiling",
     "assign_rank",

@@ -231,6 +231,14 @@ class TransitionBatch(_FieldBatch):
 
     __slots__ = ()
 
+    @classmethod
+    def wrap(cls, fields: dict[str, Any]) -> TransitionBatch:
+        """A batch over ``fields`` itself (not a copy of the dict): for a stage that built the dict just for it."""
+        batch = object.__new__(cls)
+        object.__setattr__(batch, "_fields", fields)
+        object.__setattr__(batch, "_feedback", None)
+        return batch
+
     def rows(self, index: np.ndarray | slice) -> TransitionBatch:
         """A new batch with the rows ``index`` (bool mask, int indices or a slice)."""
         return self._pass_feedback(

@@ -214,7 +214,7 @@ class NStepTransform:
         if type(reward) is not np.ndarray or reward.dtype != np.float32:
             fields["reward"] = np.asarray(reward, dtype=np.float32)
         fields["discount"] = self._gamma_column[:rows]
-        return TransitionBatch(fields)
+        return TransitionBatch.wrap(fields)
 
     def _fold_batch(self, batch: TransitionBatch, one_row_per_env: bool) -> TransitionBatch | None:
         env_id = np.asarray(batch["env_id"])
@@ -296,7 +296,7 @@ class NStepTransform:
         out["env_id"] = self._lock_ids
         # The commit, one statement: every window stays full (n - 1 held after emitting its oldest step)
         self._head[lo:hi], self._lock_phase = oldest, oldest
-        return TransitionBatch(out)
+        return TransitionBatch.wrap(out)
 
     def _make_views(self) -> dict[str, np.ndarray]:
         """The window arrays (and the next_obs ring) as ``[E, n, ...]`` views."""
@@ -379,7 +379,7 @@ class NStepTransform:
         out["terminated"] = out["truncated"] = self._no_end[:rows]
         out["discount"] = self._full_discount[:rows]
         out["env_id"] = env
-        return TransitionBatch(out)
+        return TransitionBatch.wrap(out)
 
     def _emit(
         self,
@@ -412,7 +412,7 @@ class NStepTransform:
             out[name] = _take(ends[name], last)
         out["discount"] = self._discounts[length[row] - start]
         out["env_id"] = src_env
-        return TransitionBatch(out)
+        return TransitionBatch.wrap(out)
 
     def _fold_in_order(self, batch: TransitionBatch, env_id: np.ndarray) -> TransitionBatch | None:
         """Several rows of one env in one batch: fold them occurrence by occurrence, keeping time order."""

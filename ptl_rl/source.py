@@ -263,10 +263,13 @@ class ExperienceSource:
         self._reward_zeros = np.zeros(n, dtype=np.float32)
         self._obs_zeros: np.ndarray | None = None  # sized at the first step with array observations
         self._episode_return = np.zeros(n, dtype=np.float64)
-        self._episode_length = np.zeros(n, dtype=np.int64)
+        # an episode's length is the vector-step count now minus the count at its start: no per-step add
+        self._vector_steps = 0
+        self._episode_start = np.zeros(n, dtype=np.int64)
         self._obs: Any = None
         self._fresh = np.ones(n, dtype=bool)  # envs whose current obs starts an episode
         self._resetting = np.zeros(n, dtype=bool)  # next-step mode: the next step only resets these
+        self._any_resetting = False  # whether _resetting has a True: read once per step, kept with it
         self._reset_count = 0
         # set while a step is under way: still set on entry means the previous next() was interrupted
         self._in_step = False
@@ -424,9 +427,9 @@ class ExperienceSource:
             self._check_finite(self._obs, "reset observation")
         self._reset_count += 1
         self._fresh = np.ones(self.num_envs, dtype=bool)
-        self._resetting = self._no_env
+        self._resetting, self._any_resetting = self._no_env, False
         self._episode_return[:] = 0.0
-        self._episode_length[:] = 0
+        self._episode_start[:] = self._vector_steps
 
     def _own_obs(self, obs: Any) -> Any:
         """An env's observation as the source keeps it: batched, float64 cast, copied if the env reuses its buffer."""
@@ -505,10 +508,11 @@ class ExperienceSource:
         done = terminated | truncated
         any_done = np.count_nonzero(done) > 0
         next_obs = self._final_obs_from_info(obs, done, info) if any_done and self.autoreset_mode == SAME_STEP else obs
+        raw_reward = reward
         reward = np.asarray(reward, dtype=np.float32)
         if self.check_finite:
             self._check_step_finite(reward, next_obs, obs)
-        batch = TransitionBatch(
+        batch = TransitionBatch.wrap(
             {
                 "obs": self._obs,
                 "action": actions,
@@ -521,15 +525,21 @@ class ExperienceSource:
                 **extras,
             }
         )
-        just_reset = self._resetting if self.autoreset_mode == NEXT_STEP and np.count_nonzero(self._resetting) else None
+        just_reset = self._resetting if self._any_resetting else None
         if just_reset is not None:
             # these rows only reset their sub-env: (final obs, ignored action, reset obs) is no transition
             batch = batch.rows((~just_reset).nonzero()[0])
-        self._track_episodes(batch.reward, done, any_done, just_reset)
+        # the episode returns add the env's own rewards (float64 for gymnasium's vector envs: no mixed-dtype add)
+        self._track_episodes(
+            raw_reward if type(raw_reward) is np.ndarray and raw_reward.dtype == np.float64 else reward,
+            done,
+            any_done,
+            just_reset,
+        )
         self._obs = obs
         if self.autoreset_mode == NEXT_STEP and self.is_vector:
             self._fresh = just_reset if just_reset is not None else self._no_env
-            self._resetting = done
+            self._resetting, self._any_resetting = done, any_done
         else:
             self._fresh = done
             if any_done:
@@ -552,14 +562,16 @@ class ExperienceSource:
     def _track_episodes(
         self, reward: np.ndarray, done: np.ndarray, any_done: bool, just_reset: np.ndarray | None
     ) -> None:
+        """Add a step's ``reward`` (float [N], all envs) to the returns; close the episodes that ended."""
+        self._vector_steps += 1
         if just_reset is None:
             self._episode_return += reward
-            self._episode_length += 1
-        else:
+            self.total_steps += len(reward)
+        else:  # only resetting: no step of an episode; the next one starts after this step
             stepped = ~just_reset
-            self._episode_return[stepped] += reward
-            self._episode_length[stepped] += 1
-        self.total_steps += len(reward)
+            self._episode_return[stepped] += reward[stepped]
+            self._episode_start[just_reset] = self._vector_steps
+            self.total_steps += int(np.count_nonzero(stepped))
         if any_done:
             self._record_episodes(done.nonzero()[0])
 
@@ -570,7 +582,7 @@ class ExperienceSource:
             Episode(r, n, e, steps)
             for r, n, e in zip(
                 self._episode_return[ended].tolist(),
-                self._episode_length[ended].tolist(),
+                (self._vector_steps - self._episode_start[ended]).tolist(),
                 self._env_ids[ended].tolist(),
                 strict=True,
             )
@@ -579,7 +591,7 @@ class ExperienceSource:
         self._pending_episodes.extend(episodes)
         self._recent.extend(episodes)
         self._episode_return[ended] = 0.0
-        self._episode_length[ended] = 0
+        self._episode_start[ended] = self._vector_steps
 
     def _reset_finished(self, done: np.ndarray) -> None:
         """Reset the sub-envs that ended (single env, or a vector env in disabled mode)."""

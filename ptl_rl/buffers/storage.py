@@ -162,7 +162,7 @@ class ArrayStorage:
     def gather(self, indices: np.ndarray) -> TransitionBatch:
         """The transitions at ``indices`` (int [B]) as a new batch (a copy)."""
         # ndarray.take is several times faster than fancy indexing for rows of 2-D arrays
-        return TransitionBatch({name: _take(v, indices) for name, v in self.fields.items()})
+        return TransitionBatch.wrap({name: _take(v, indices) for name, v in self.fields.items()})
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
