@@ -264,6 +264,6 @@ class PipelineProfiler(_PipelineCallback):
         self.profile = self._pipeline_profile()
         if self.profile is not None:
             metrics.update({f"profile/{stage.replace(' ', '_')}": s for stage, s in self.profile.shares().items()})
-        pl_module.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False, logger=True)
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False, logger=bool(trainer.loggers))
         if self.prog_bar:
             pl_module.log("env_steps/s", env_rate, prog_bar=True, logger=False, on_step=True, on_epoch=False)

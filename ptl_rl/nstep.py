@@ -229,11 +229,12 @@ class NStepTransform:
             if not self._unique(env_id):
                 return self._fold_in_order(batch, env_id)
             return self._fold_unique(batch, env_id)
-        if env_id is self._lock_ids:
+        full_batch = env_id is self._lock_ids
+        if full_batch:
+            ended = np.count_nonzero(batch["terminated"]) or np.count_nonzero(batch["truncated"])
             phase = self._lock_phase
-            if phase is not None and self._quiet >= self.n - 1 and not np.count_nonzero(batch["terminated"]):
-                if not np.count_nonzero(batch["truncated"]):
-                    return self._fold_lockstep(batch, phase)
+            if not ended and phase is not None and self._quiet >= self.n - 1:
+                return self._fold_lockstep(batch, phase)
         elif self._lock_ids is None:
             if not env_id.flags.writeable:  # a full batch of a source (after a restore, say)
                 self._adopt_lock_ids(env_id)
@@ -241,7 +242,10 @@ class NStepTransform:
         # a step with an episode end, windows not yet full, or a batch without some envs (next-step resets)
         self._lock_phase, self._quiet = None, 0
         out = self._fold_unique(batch, env_id)
-        self._resync()
+        if full_batch and not ended:
+            # only a step that ends no episode can lead to the lockstep path (the windows must fill up
+            # first), so only such a step looks for the common phase: none of this while episodes end often
+            self._resync()
         return out
 
     def _adopt_lock_ids(self, env_id: np.ndarray) -> None:

@@ -55,7 +55,7 @@ class ArrayStorage:
 
     # ------------------------------------------------------------------ writing
     def add(self, batch: TransitionBatch) -> np.ndarray:
-        """Copy the ``B`` rows of ``batch`` into the ring; returns the slots written (int64 [B']).
+        """Copy the ``B`` rows of ``batch`` into the ring; returns the slots written (int64 [B'], read-only).
 
         Raises ``ValueError`` before writing anything if a field's trailing shape or dtype differs
         from what the ring stores (see the class docstring).
@@ -85,10 +85,9 @@ class ArrayStorage:
         self.cursor = end % self.capacity
         self.size = min(self.size + count, self.capacity)
         self.total_added += count + skip
-        slots = np.arange(start, end)
-        if end > self.capacity:
-            slots %= self.capacity
-        return slots
+        if end <= self.capacity:
+            return self._slot_numbers[start:end]
+        return np.arange(start, end) % self.capacity
 
     def _check(self, batch: TransitionBatch) -> None:
         """Raise before any write if ``batch`` does not fit the ring: the full check once per batch layout.
@@ -127,6 +126,9 @@ class ArrayStorage:
             for path, leaf in tree_leaves(value, name)
         ]
         self._flat = all(isinstance(v, np.ndarray) for v in self.fields.values())
+        # the slots of a write that does not wrap, as a read-only view: no arange per add
+        self._slot_numbers = np.arange(self.capacity, dtype=np.int64)
+        self._slot_numbers.flags.writeable = False
         self._checked_layouts, self._last_layout = set(), None
 
     def _validate(self, batch: TransitionBatch) -> None:
