@@ -291,8 +291,9 @@ class NStepTransform:
         for name, store in views.items():
             if name != "reward" and name != "next_obs":
                 out[name] = store[lo:hi, oldest].copy()
-        # the window's steps oldest first, then the same product as _emit_full: the same float32 sums, bit for bit
-        out["reward"] = views["reward"][lo:hi].take(self._positions[oldest], axis=1) @ self._fold[0]
+        # the window's steps oldest first, then the same dot as _emit_full: the same float32 sums, bit for bit
+        # (ndarray.dot: a third of the cost of @ for these small operands)
+        out["reward"] = views["reward"][lo:hi].take(self._positions[oldest], axis=1).dot(self._fold[0])
         out["next_obs"] = batch["next_obs"]
         rows = hi - lo
         out["terminated"] = out["truncated"] = self._no_end[:rows]
@@ -378,7 +379,7 @@ class NStepTransform:
         out: dict[str, Any] = {}
         for name, store in self._window.items():
             out[name] = _take(store, first)
-        out["reward"] = self._window["reward"].take(self._window_rows[first]) @ self._fold[0]
+        out["reward"] = self._window["reward"].take(self._window_rows[first]).dot(self._fold[0])
         out["next_obs"] = next_obs
         out["terminated"] = out["truncated"] = self._no_end[:rows]
         out["discount"] = self._full_discount[:rows]
