@@ -2,7 +2,8 @@
 
 * NStepTransform's lockstep path (a source's full batches, no episode end, every window full)
   is only taken with a real ``one_row_per_env`` upstream, so these tests feed the scripted
-  source's batches through such an upstream and compare with ``reference_nstep``.
+  source's batches through such an upstream and compare with ``reference_nstep`` (the same
+  reference and the same field checks as tests/test_nstep.py).
 * ArrayStorage checks each batch layout once: a batch that changes a dtype or a shape after the
   first batches must still be refused with the full check's error, before anything is written.
 """
@@ -13,11 +14,38 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scripted_env import BOTH, TERM, TRUNC, ScriptedAgent, env_attr, make_env, scripted_batches
-from test_nstep import assert_matches_reference, reference_nstep
+from nstep_reference import reference_nstep
+from scripted_env import BOTH, TERM, TRUNC, ScriptedAgent, env_attr, ids_of, make_env, obs_code, scripted_batches
 
 import ptl_rl
 from ptl_rl import ExperienceSource, NStepTransform, ReplayBuffer, TransitionBatch
+
+
+def assert_matches_reference(outputs, reference) -> None:
+    """The emitted n-step rows equal the brute-force reference's, as a multiset keyed by the obs code."""
+    outputs = [b for b in outputs if b is not None]
+    if reference is None:
+        assert sum(len(b) for b in outputs) == 0
+        return
+    assert outputs, "nothing emitted"
+    got = TransitionBatch.concat(outputs)
+    assert got["reward"].dtype == np.float32 and got["discount"].dtype == np.float32
+    assert got["terminated"].dtype == bool and got["env_id"].dtype == np.int64
+    obs_id = ids_of(got["obs"])
+    code = obs_code(obs_id)
+    order = np.argsort(code, kind="stable")
+    assert len(np.unique(code)) == len(code), "a window was emitted twice"
+    np.testing.assert_array_equal(code[order], reference["code"], err_msg="windows missing or extra")
+    np.testing.assert_array_equal(got["env_id"][order], reference["env_id"])
+    np.testing.assert_array_equal(got["action"][order], reference["action"])
+    np.testing.assert_allclose(got["reward"][order], reference["reward"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["discount"][order], reference["discount"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(obs_code(got["next_obs"])[order], reference["next_code"])
+    np.testing.assert_array_equal(got["terminated"][order], reference["terminated"])
+    np.testing.assert_array_equal(got["truncated"][order], reference["truncated"])
+    # extras come from the window's first step
+    np.testing.assert_array_equal(got["log_prob"], -code.astype(np.float64))
+    np.testing.assert_array_equal(got["hidden"], obs_id[:, 1:].astype(np.float32))
 
 
 class SourceStream:
