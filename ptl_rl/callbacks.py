@@ -1,4 +1,4 @@
-"""Lightning callbacks: episode logging, an env-step budget and periodic evaluation.
+"""Lightning callbacks: episode logging, an env-step budget, periodic evaluation and a throughput profiler.
 
 They work with either Lightning package (see :mod:`ptl_rl.compat`) and under
 DDP: every decision to stop or to evaluate is reduced across ranks, so all
@@ -15,6 +15,7 @@ import torch
 
 from ptl_rl.compat import Callback
 from ptl_rl.evaluation import evaluate
+from ptl_rl.profiling import PipelineProfile, profile
 from ptl_rl.ranks import rank_seed
 from ptl_rl.source import ExperienceSource
 from ptl_rl.stages import find_episode_source
@@ -203,3 +204,66 @@ class PeriodicEvaluation(_PipelineCallback):
         self.solved_at = state_dict["solved_at"]
         self.solved_after_s = state_dict["solved_after_s"]
         self._trained_s = float(state_dict["trained_s"])
+
+
+class PipelineProfiler(_PipelineCallback):
+    """Logs collection and training throughput and where the pipeline's time goes; env steps/s in the progress bar.
+
+    Every ``every_n_steps`` training batches it logs (through ``pl_module.log``, so to every logger
+    of the Trainer, step-wise):
+
+    * ``throughput/env_steps_per_s`` and ``throughput/grad_steps_per_s``: env steps taken and
+      optimizer steps done per second of wall time since the previous point;
+    * ``profile/<stage>``: each stage's share of wall time since training started (see
+      :func:`ptl_rl.profile`; stage names with ``_`` for spaces, e.g. ``profile/env_step``,
+      ``profile/outside_the_pipeline``, which is mostly the training step itself).
+
+    The progress bar shows ``env_steps/s``. The profile's counters are reset when training starts;
+    :attr:`profile` holds the latest table (``print(profiler.profile)`` after ``fit``).
+
+    Args:
+        pipeline: the source or any later stage of its pipeline (or the loader).
+        every_n_steps: training batches between two points.
+        prog_bar: show env steps/s in the progress bar.
+    """
+
+    def __init__(self, pipeline: Any, every_n_steps: int = 50, prog_bar: bool = True) -> None:
+        super().__init__()
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.pipeline = pipeline
+        self.source = find_episode_source(pipeline)
+        self.every_n_steps = int(every_n_steps)
+        self.prog_bar = prog_bar
+        self.profile: PipelineProfile | None = None
+        self._last = (time.perf_counter(), 0, 0)  # (wall time, env steps, optimizer steps) at the last point
+
+    def _pipeline_profile(self) -> PipelineProfile | None:
+        try:
+            return profile(self.pipeline)
+        except ValueError:  # no stage keeps time (a remote source straight into a stage of another kind)
+            return None
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        table = self._pipeline_profile()
+        if table is not None:
+            table.reset()
+        self._last = (time.perf_counter(), self.source.total_steps, trainer.global_step)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+        if trainer.global_step % self.every_n_steps:
+            return
+        now, steps, grad_steps = time.perf_counter(), self.source.total_steps, trainer.global_step
+        last_time, last_steps, last_grad_steps = self._last
+        elapsed = now - last_time
+        if elapsed <= 0 or grad_steps == last_grad_steps:
+            return
+        self._last = (now, steps, grad_steps)
+        env_rate, grad_rate = (steps - last_steps) / elapsed, (grad_steps - last_grad_steps) / elapsed
+        metrics = {"throughput/env_steps_per_s": env_rate, "throughput/grad_steps_per_s": grad_rate}
+        self.profile = self._pipeline_profile()
+        if self.profile is not None:
+            metrics.update({f"profile/{stage.replace(' ', '_')}": s for stage, s in self.profile.shares().items()})
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False, logger=bool(trainer.loggers))
+        if self.prog_bar:
+            pl_module.log("env_steps/s", env_rate, prog_bar=True, logger=False, on_step=True, on_epoch=False)

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from ptl_rl.batch import TransitionBatch, tree_map
+from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
 from ptl_rl.reprs import stage_repr
 
 # Fields that describe the end of a step rather than its start: they are not kept in the window.
@@ -126,6 +127,16 @@ class NStepTransform:
         self._upstream_seq: int | None = None  # stream_seq of the last upstream batch folded
         self.stream_seq = 0  # number of the last batch yielded; skips one where the env streams were cut
         self._gamma_column = _read_only(np.zeros(0, dtype=np.float32))  # n=1: the discount column
+        self.clock = StageClock("n-step", "transitions")  # time accounting (ptl_rl.profile)
+        # Lockstep fast path (see _fold_lockstep): a source's batch that holds every one of its envs, in
+        # order, is the same read-only env_id array each time. While every env of it writes at the same
+        # ring position (the phase), a step is a few strided slice copies instead of gathers and scatters.
+        # _quiet is the fewest steps a window of those envs holds: from n - 1 on, a step fills every window.
+        self._lock_ids: np.ndarray | None = None  # the source's env_id array of a full batch
+        self._lock_range = (0, 0)
+        self._lock_phase: int | None = None  # ring position every lockstep env writes next; None: out of step
+        self._quiet = 0
+        self._views: dict[str, np.ndarray] | None = None  # [E, n, ...] views of the window arrays
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> NStepTransform:
@@ -134,6 +145,14 @@ class NStepTransform:
     def __next__(self) -> TransitionBatch:
         if self.upstream is None:
             raise TypeError("this NStepTransform has no upstream; call fold(batch) instead")
+        if not SWITCH.on:
+            return self._next()
+        start = perf_counter_ns()
+        out = self._next()
+        self.clock.add(perf_counter_ns() - start, len(out))
+        return out
+
+    def _next(self) -> TransitionBatch:
         # a cut in the streams (a gap upstream, an interrupted call, a restore) skips a number of our own
         # stream_seq, so that a stage downstream that continues episodes across batches sees it too
         cut = False
@@ -195,7 +214,7 @@ class NStepTransform:
         if type(reward) is not np.ndarray or reward.dtype != np.float32:
             fields["reward"] = np.asarray(reward, dtype=np.float32)
         fields["discount"] = self._gamma_column[:rows]
-        return TransitionBatch(fields)
+        return TransitionBatch.wrap(fields)
 
     def _fold_batch(self, batch: TransitionBatch, one_row_per_env: bool) -> TransitionBatch | None:
         env_id = np.asarray(batch["env_id"])
@@ -203,9 +222,96 @@ class NStepTransform:
             self._ensure_capacity(batch, int(env_id.max()) + 1)
             # a source's batches hold (a subset of) the env ids of its first batch: only other input can grow
             self._sized_for_source = one_row_per_env
-        if not one_row_per_env and not self._unique(env_id):
-            return self._fold_in_order(batch, env_id)
-        return self._fold_unique(batch, env_id)
+            if one_row_per_env and self._lock_ids is None:
+                self._adopt_lock_ids(env_id)
+        if not one_row_per_env:
+            self._lock_phase = None  # rows of any envs: the heads may leave the lockstep phase
+            if not self._unique(env_id):
+                return self._fold_in_order(batch, env_id)
+            return self._fold_unique(batch, env_id)
+        full_batch = env_id is self._lock_ids
+        if full_batch:
+            ended = np.count_nonzero(batch["terminated"]) or np.count_nonzero(batch["truncated"])
+            phase = self._lock_phase
+            if not ended and phase is not None and self._quiet >= self.n - 1:
+                return self._fold_lockstep(batch, phase)
+        elif self._lock_ids is None:
+            if not env_id.flags.writeable:  # a full batch of a source (after a restore, say)
+                self._adopt_lock_ids(env_id)
+            return self._fold_unique(batch, env_id)
+        # a step with an episode end, windows not yet full, or a batch without some envs (next-step resets)
+        self._lock_phase, self._quiet = None, 0
+        out = self._fold_unique(batch, env_id)
+        if full_batch and not ended:
+            # only a step that ends no episode can lead to the lockstep path (the windows must fill up
+            # first), so only such a step looks for the common phase: none of this while episodes end often
+            self._resync()
+        return out
+
+    def _adopt_lock_ids(self, env_id: np.ndarray) -> None:
+        """Take ``env_id`` as the lockstep batch's ids if it is a read-only run ``lo, lo+1, ..`` (a source's)."""
+        flat = self._window is not None and all(isinstance(v, np.ndarray) for v in self._window.values())
+        flat = flat and isinstance(self._next_obs, np.ndarray)
+        lo = int(env_id[0])
+        if flat and not env_id.flags.writeable and np.array_equal(env_id, np.arange(lo, lo + len(env_id))):
+            self._lock_ids, self._lock_range = env_id, (lo, lo + len(env_id))
+
+    def _resync(self) -> None:
+        """After a general fold of a source's batch: bring the lockstep envs back to one ring phase if possible.
+
+        An env whose window is empty may move its head anywhere (nothing is held), so the envs with
+        an empty window take the head of the others. Changes nothing any window holds.
+        """
+        lo, hi = self._lock_range
+        heads, lengths = self._head[lo:hi], self._length[lo:hi]
+        held = np.flatnonzero(lengths)
+        phase = int(heads[held[0]]) if len(held) else int(heads[0])
+        if len(held) and not (heads[held] == phase).all():
+            return  # out of step (a window continued over a dropped row): the general path until a flush
+        heads[:] = phase
+        # the shortest window: from n - 1 on, the next step fills every window
+        self._lock_phase, self._quiet = phase, int(lengths.min())
+
+    def _fold_lockstep(self, batch: TransitionBatch, phase: int) -> TransitionBatch:
+        """Every env of the source stepped, none ended, every window full: strided copies, no gathers.
+
+        The ring slot of env ``e``'s step at ``phase`` is row ``e * n + phase``: a strided view of
+        the window arrays viewed as ``[E, n, ...]``. The slot at ``phase`` is free (a window holds
+        at most ``n - 1`` steps between calls), so the writes change nothing a window holds until
+        the commit.
+        """
+        lo, hi = self._lock_range
+        views = self._views
+        if views is None:
+            views = self._views = self._make_views()
+        for name, store in views.items():
+            store[lo:hi, phase] = batch[name]
+        oldest = int(self._next_position[phase])  # the full window's oldest step sits where the next write goes
+        out: dict[str, Any] = {}
+        for name, store in views.items():
+            if name != "reward" and name != "next_obs":
+                out[name] = store[lo:hi, oldest].copy()
+        # the window's steps oldest first, then the same dot as _emit_full: the same float32 sums, bit for bit
+        # (ndarray.dot: a third of the cost of @ for these small operands)
+        out["reward"] = views["reward"][lo:hi].take(self._positions[oldest], axis=1).dot(self._fold[0])
+        out["next_obs"] = batch["next_obs"]
+        rows = hi - lo
+        out["terminated"] = out["truncated"] = self._no_end[:rows]
+        out["discount"] = self._full_discount[:rows]
+        out["env_id"] = self._lock_ids
+        # The commit, one statement: every window stays full (n - 1 held after emitting its oldest step)
+        self._head[lo:hi], self._lock_phase = oldest, oldest
+        return TransitionBatch.wrap(out)
+
+    def _make_views(self) -> dict[str, np.ndarray]:
+        """The window arrays (and the next_obs ring) as ``[E, n, ...]`` views."""
+
+        def view(a: np.ndarray) -> np.ndarray:
+            return a.reshape(len(self._length), self.n, *a.shape[1:])
+
+        views = {name: view(store) for name, store in self._window.items()}
+        views["next_obs"] = view(self._next_obs)
+        return views
 
     def flush(self) -> TransitionBatch | None:
         """Emit every window still in flight as truncated (bootstrap from its last ``next_obs``).
@@ -218,6 +324,7 @@ class NStepTransform:
         envs = np.flatnonzero(self._length > 0)
         if len(envs) == 0:
             return None
+        self._quiet = 0  # the windows empty: the lockstep path waits until they are full again
         zeros = np.zeros(len(envs), dtype=bool)
         head = self._head[envs]
         last = envs * self.n + (head - 1) % self.n  # the slot of each window's last step
@@ -272,12 +379,12 @@ class NStepTransform:
         out: dict[str, Any] = {}
         for name, store in self._window.items():
             out[name] = _take(store, first)
-        out["reward"] = self._window["reward"].take(self._window_rows[first]) @ self._fold[0]
+        out["reward"] = self._window["reward"].take(self._window_rows[first]).dot(self._fold[0])
         out["next_obs"] = next_obs
         out["terminated"] = out["truncated"] = self._no_end[:rows]
         out["discount"] = self._full_discount[:rows]
         out["env_id"] = env
-        return TransitionBatch(out)
+        return TransitionBatch.wrap(out)
 
     def _emit(
         self,
@@ -310,7 +417,7 @@ class NStepTransform:
             out[name] = _take(ends[name], last)
         out["discount"] = self._discounts[length[row] - start]
         out["env_id"] = src_env
-        return TransitionBatch(out)
+        return TransitionBatch.wrap(out)
 
     def _fold_in_order(self, batch: TransitionBatch, env_id: np.ndarray) -> TransitionBatch | None:
         """Several rows of one env in one batch: fold them occurrence by occurrence, keeping time order."""
@@ -358,6 +465,7 @@ class NStepTransform:
         next_obs = tree_map(lambda a: grown(a, self.n), next_obs)
         head, length = grown(self._head), grown(self._length)
         window_rows, no_end, full_discount = self._constants(size)
+        self._lock_phase, self._quiet, self._views = None, 0, None
         # one C-level call: the attributes change together or not at all
         self.__dict__.update(
             _window=window,
@@ -404,6 +512,7 @@ class NStepTransform:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._sized_for_source = False  # the restored windows may be sized for fewer envs than the upstream has
+        self._lock_ids, self._lock_phase, self._quiet, self._views = None, None, 0, None
         self._upstream_seq = None  # the next upstream batch is no gap: there is nothing to continue
         self._in_fold = False
         if state["window"] is None:

@@ -10,6 +10,7 @@ import torch
 from ptl_rl.batch import TorchBatch, TransitionBatch
 from ptl_rl.buffers import ReplayBuffer, RolloutBuffer, SequenceReplayBuffer
 from ptl_rl.nstep import NStepTransform
+from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
 from ptl_rl.reprs import stage_repr
 from ptl_rl.source import ExperienceSource
 
@@ -81,16 +82,32 @@ class BatchSampler:
         self.batch_size = int(batch_size)
         self.device = torch.device(device) if device is not None else None
         self.pin_memory = bool(pin_memory)
+        # time accounting (ptl_rl.profile): drawing and gathering rows, then tensors (and a device copy)
+        self._sample_clock = StageClock("sample", "rows")
+        self._torch_clock = StageClock("conversion to torch", "rows")
+        self.clock = StageClock("sampler", "batches", (self._sample_clock, self._torch_clock))
 
     def __iter__(self) -> BatchSampler:
         return self
 
     def __next__(self) -> TorchBatch:
+        start = perf_counter_ns()
         source = self.upstream if self._standalone else next(self.upstream)
         sample = getattr(source, "sample", None)
         if sample is None:  # a plain iterator whose items are not buffers (checked here, it is only known now)
             raise TypeError(_nothing_to_sample(f"its upstream yielded a {type(source).__name__}", self.batch_size))
-        return sample(self.batch_size).to_torch(self.device, pin_memory=self.pin_memory)
+        if not SWITCH.on:
+            return sample(self.batch_size).to_torch(self.device, pin_memory=self.pin_memory)
+        t0 = perf_counter_ns()
+        batch = sample(self.batch_size)
+        t1 = perf_counter_ns()
+        out = batch.to_torch(self.device, pin_memory=self.pin_memory)
+        t2 = perf_counter_ns()
+        rows = len(batch)
+        self._sample_clock.add(t1 - t0, rows)
+        self._torch_clock.add(t2 - t1, rows)
+        self.clock.add(t2 - start, 1)
+        return out
 
     def __repr__(self) -> str:
         """``BatchSampler(batch_size=..., [device=...])`` and the chain upstream."""

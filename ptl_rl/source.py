@@ -36,6 +36,7 @@ import torch
 
 from ptl_rl.batch import CORE_FIELDS, TransitionBatch, tree_leaves, tree_map
 from ptl_rl.checks import check_agent
+from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
 from ptl_rl.reprs import env_name, stage_repr
 
 NEXT_STEP, SAME_STEP, DISABLED = "NextStep", "SameStep", "Disabled"
@@ -262,10 +263,13 @@ class ExperienceSource:
         self._reward_zeros = np.zeros(n, dtype=np.float32)
         self._obs_zeros: np.ndarray | None = None  # sized at the first step with array observations
         self._episode_return = np.zeros(n, dtype=np.float64)
-        self._episode_length = np.zeros(n, dtype=np.int64)
+        # an episode's length is the vector-step count now minus the count at its start: no per-step add
+        self._vector_steps = 0
+        self._episode_start = np.zeros(n, dtype=np.int64)
         self._obs: Any = None
         self._fresh = np.ones(n, dtype=bool)  # envs whose current obs starts an episode
         self._resetting = np.zeros(n, dtype=bool)  # next-step mode: the next step only resets these
+        self._any_resetting = False  # whether _resetting has a True: read once per step, kept with it
         self._reset_count = 0
         # set while a step is under way: still set on entry means the previous next() was interrupted
         self._in_step = False
@@ -275,12 +279,24 @@ class ExperienceSource:
         self.episodes_finished = 0
         self._pending_episodes: deque[Episode] = deque(maxlen=int(max_pending_episodes))
         self._recent: deque[Episode] = deque(maxlen=stats_window)
+        # time accounting (ptl_rl.profile): the env step and the agent call are parts of the source's own time
+        self._env_clock = StageClock("env step", "env steps")
+        self._agent_clock = StageClock("agent call", "env steps")
+        self.clock = StageClock("source bookkeeping", "transitions", (self._env_clock, self._agent_clock))
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> ExperienceSource:
         return self
 
     def __next__(self) -> TransitionBatch:
+        if not SWITCH.on:
+            return self._next()
+        start = perf_counter_ns()
+        batch = self._next()
+        self.clock.add(perf_counter_ns() - start, len(batch))
+        return batch
+
+    def _next(self) -> TransitionBatch:
         # A previous next() that did not finish (KeyboardInterrupt, an exception in the env or
         # the agent) may have stepped some sub-envs without recording it: the only state known
         # to be right is a fresh episode in every sub-env. The flag is set before the reset, so
@@ -411,9 +427,9 @@ class ExperienceSource:
             self._check_finite(self._obs, "reset observation")
         self._reset_count += 1
         self._fresh = np.ones(self.num_envs, dtype=bool)
-        self._resetting = self._no_env
+        self._resetting, self._any_resetting = self._no_env, False
         self._episode_return[:] = 0.0
-        self._episode_length[:] = 0
+        self._episode_start[:] = self._vector_steps
 
     def _own_obs(self, obs: Any) -> Any:
         """An env's observation as the source keeps it: batched, float64 cast, copied if the env reuses its buffer."""
@@ -428,7 +444,12 @@ class ExperienceSource:
     def _act(self) -> tuple[np.ndarray, dict[str, Any]]:
         if self._agent_reset_state is not None and np.count_nonzero(self._fresh):
             self._agent_reset_state(self._fresh.copy())
-        out = self.agent(self._obs)
+        if SWITCH.on:
+            start = perf_counter_ns()
+            out = self.agent(self._obs)
+            self._agent_clock.add(perf_counter_ns() - start, self.num_envs)
+        else:
+            out = self.agent(self._obs)
         actions, extras = out if isinstance(out, tuple) else (out, None)
         if not isinstance(actions, np.ndarray):
             actions = _to_numpy(actions)
@@ -460,7 +481,12 @@ class ExperienceSource:
 
     def _env_step(self, actions: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         try:
-            result = self.env.step(actions if self.is_vector else actions[0])
+            if SWITCH.on:
+                start = perf_counter_ns()
+                result = self.env.step(actions if self.is_vector else actions[0])
+                self._env_clock.add(perf_counter_ns() - start, self.num_envs)
+            else:
+                result = self.env.step(actions if self.is_vector else actions[0])
         except Exception as exc:
             self._note_failed_sub_env(exc)
             raise
@@ -482,10 +508,11 @@ class ExperienceSource:
         done = terminated | truncated
         any_done = np.count_nonzero(done) > 0
         next_obs = self._final_obs_from_info(obs, done, info) if any_done and self.autoreset_mode == SAME_STEP else obs
+        raw_reward = reward
         reward = np.asarray(reward, dtype=np.float32)
         if self.check_finite:
             self._check_step_finite(reward, next_obs, obs)
-        batch = TransitionBatch(
+        batch = TransitionBatch.wrap(
             {
                 "obs": self._obs,
                 "action": actions,
@@ -498,15 +525,21 @@ class ExperienceSource:
                 **extras,
             }
         )
-        just_reset = self._resetting if self.autoreset_mode == NEXT_STEP and np.count_nonzero(self._resetting) else None
+        just_reset = self._resetting if self._any_resetting else None
         if just_reset is not None:
             # these rows only reset their sub-env: (final obs, ignored action, reset obs) is no transition
             batch = batch.rows((~just_reset).nonzero()[0])
-        self._track_episodes(batch.reward, done, any_done, just_reset)
+        # the episode returns add the env's own rewards (float64 for gymnasium's vector envs: no mixed-dtype add)
+        self._track_episodes(
+            raw_reward if type(raw_reward) is np.ndarray and raw_reward.dtype == np.float64 else reward,
+            done,
+            any_done,
+            just_reset,
+        )
         self._obs = obs
         if self.autoreset_mode == NEXT_STEP and self.is_vector:
             self._fresh = just_reset if just_reset is not None else self._no_env
-            self._resetting = done
+            self._resetting, self._any_resetting = done, any_done
         else:
             self._fresh = done
             if any_done:
@@ -529,14 +562,16 @@ class ExperienceSource:
     def _track_episodes(
         self, reward: np.ndarray, done: np.ndarray, any_done: bool, just_reset: np.ndarray | None
     ) -> None:
+        """Add a step's ``reward`` (float [N], all envs) to the returns; close the episodes that ended."""
+        self._vector_steps += 1
         if just_reset is None:
             self._episode_return += reward
-            self._episode_length += 1
-        else:
+            self.total_steps += len(reward)
+        else:  # only resetting: no step of an episode; the next one starts after this step
             stepped = ~just_reset
-            self._episode_return[stepped] += reward
-            self._episode_length[stepped] += 1
-        self.total_steps += len(reward)
+            self._episode_return[stepped] += reward[stepped]
+            self._episode_start[just_reset] = self._vector_steps
+            self.total_steps += int(np.count_nonzero(stepped))
         if any_done:
             self._record_episodes(done.nonzero()[0])
 
@@ -547,7 +582,7 @@ class ExperienceSource:
             Episode(r, n, e, steps)
             for r, n, e in zip(
                 self._episode_return[ended].tolist(),
-                self._episode_length[ended].tolist(),
+                (self._vector_steps - self._episode_start[ended]).tolist(),
                 self._env_ids[ended].tolist(),
                 strict=True,
             )
@@ -556,7 +591,7 @@ class ExperienceSource:
         self._pending_episodes.extend(episodes)
         self._recent.extend(episodes)
         self._episode_return[ended] = 0.0
-        self._episode_length[ended] = 0
+        self._episode_start[ended] = self._vector_steps
 
     def _reset_finished(self, done: np.ndarray) -> None:
         """Reset the sub-envs that ended (single env, or a vector env in disabled mode)."""

@@ -11,6 +11,7 @@ from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.frames import redraw_unsampleable
 from ptl_rl.buffers.shuffle import ShuffledPasses
 from ptl_rl.buffers.storage import ArrayStorage
+from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
 from ptl_rl.ranks import rank_seed
 from ptl_rl.reprs import stage_repr
 from ptl_rl.state import check_version, versioned
@@ -111,6 +112,9 @@ class ReplayBuffer:
         # (storage snapshot, batch) while an add is under way: still set on entry means the
         # previous add was interrupted, possibly between two fields of a row (see add)
         self._unfinished_add: tuple[Any, TransitionBatch] | None = None
+        # time accounting (ptl_rl.profile): the stage's own time is the credit loop; add() is its part
+        self._insert_clock = StageClock("insert", "transitions")
+        self.clock = StageClock("replay", "transitions", (self._insert_clock,))
 
     def __len__(self) -> int:
         return len(self.storage)
@@ -128,6 +132,14 @@ class ReplayBuffer:
     def __next__(self) -> ReplayBuffer:
         if self.upstream is None:
             raise TypeError("this ReplayBuffer has no upstream to pull from; use add() and sample()")
+        if not SWITCH.on:
+            return self._next()
+        start, added = perf_counter_ns(), self._insert_clock.items
+        out = self._next()
+        self.clock.add(perf_counter_ns() - start, self._insert_clock.items - added)
+        return out
+
+    def _next(self) -> ReplayBuffer:
         warming_up = len(self) < self.warmup
         while len(self) < self.warmup or self._credit < self.transitions_per_yield:
             self._credit += len(self._pull())
@@ -138,7 +150,18 @@ class ReplayBuffer:
 
     def _pull(self) -> np.ndarray:
         """Add the upstream's next batch; returns its slots."""
-        return self.add(next(self.upstream))
+        batch = next(self.upstream)
+        if not SWITCH.on:
+            return self._add_pulled(batch)
+        # timed here, not in add(): a standalone add() (offline filling, the add benchmark) pays nothing for it
+        start = perf_counter_ns()
+        slots = self._add_pulled(batch)
+        self._insert_clock.add(perf_counter_ns() - start, len(slots))
+        return slots
+
+    def _add_pulled(self, batch: TransitionBatch) -> np.ndarray:
+        """Add a batch pulled from upstream (a hook for buffers that watch the upstream's stream)."""
+        return self.add(batch)
 
     # ------------------------------------------------------------------ buffer
     def add(self, batch: TransitionBatch) -> np.ndarray:

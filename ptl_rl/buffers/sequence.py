@@ -157,9 +157,8 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
         return int(np.count_nonzero(self.tree.leaves[: len(self.storage)]))
 
     # ------------------------------------------------------------------ adding
-    def _pull(self) -> np.ndarray:
-        """Add the upstream's next batch, first ending every episode if the upstream's streams were cut."""
-        batch = next(self.upstream)
+    def _add_pulled(self, batch: TransitionBatch) -> np.ndarray:
+        """Add a batch pulled from upstream, first ending every episode if the upstream's streams were cut."""
         seq = getattr(self.upstream, "stream_seq", None)
         if seq is not None and self._upstream_seq is not None and seq != self._upstream_seq + 1:
             # steps are missing between the last batch added and this one (the source reset its envs

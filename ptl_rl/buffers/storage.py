@@ -21,6 +21,10 @@ CONTRACT_DTYPES = {
 }
 
 
+# Distinct batch layouts (row counts) remembered as checked; beyond that they are checked on every add.
+_MAX_CHECKED_LAYOUTS = 256
+
+
 class ArrayStorage:
     """A ring of ``capacity`` transitions, one preallocated array ``[capacity, *shape]`` per field.
 
@@ -40,6 +44,9 @@ class ArrayStorage:
         self.capacity = int(capacity)
         self.fields: dict[str, Any] | None = None
         self._spec: list[tuple[str, str, np.dtype, tuple[int, ...]]] = []
+        self._flat = False  # every field one array (no dict observations): the layout cache applies
+        self._checked_layouts: set[tuple[Any, ...]] = set()  # batch layouts that passed _validate
+        self._last_layout: tuple[Any, ...] | None = None
         self.cursor = 0  # next slot to write
         self.size = 0
         self.total_added = 0
@@ -49,11 +56,15 @@ class ArrayStorage:
 
     # ------------------------------------------------------------------ writing
     def add(self, batch: TransitionBatch) -> np.ndarray:
-        """Copy the ``B`` rows of ``batch`` into the ring; returns the slots written (int64 [B'])."""
-        count = len(batch)
+        """Copy the ``B`` rows of ``batch`` into the ring; returns the slots written (int64 [B'], read-only).
+
+        Raises ``ValueError`` before writing anything if a field's trailing shape or dtype differs
+        from what the ring stores (see the class docstring).
+        """
         if self.fields is None:
             self._allocate(batch)
-        self._validate(batch)
+        self._check(batch)
+        count = len(batch)
         if count == 0:
             return np.zeros(0, dtype=np.int64)
         skip = max(0, count - self.capacity)  # only the newest `capacity` rows can survive
@@ -61,12 +72,13 @@ class ArrayStorage:
         start = self.cursor
         end = start + count
         if end <= self.capacity and not skip:
-            for name, value in batch.items():
-                store = self.fields[name]
-                if isinstance(store, np.ndarray):
-                    store[start:end] = value
-                else:
-                    _write(store, value, start, count, 0, count)
+            fields = self.fields
+            if self._flat:
+                for name, value in batch.items():
+                    fields[name][start:end] = value
+            else:
+                for name, value in batch.items():
+                    _write(fields[name], value, start, count, 0, count)
         else:
             first = min(count, self.capacity - start)
             for name, value in batch.items():
@@ -74,10 +86,34 @@ class ArrayStorage:
         self.cursor = end % self.capacity
         self.size = min(self.size + count, self.capacity)
         self.total_added += count + skip
-        slots = np.arange(start, end)
-        if end > self.capacity:
-            slots %= self.capacity
-        return slots
+        if end <= self.capacity:
+            return self._slot_numbers[start:end]
+        return np.arange(start, end) % self.capacity
+
+    def _check(self, batch: TransitionBatch) -> None:
+        """Raise before any write if ``batch`` does not fit the ring: the full check once per batch layout.
+
+        Every batch of one producer has the same fields, dtypes and trailing shapes, so the
+        layouts already checked (``(name, dtype, shape)`` per field, shape including the row
+        count) are remembered and a batch with one of them skips the field-by-field walk. Any
+        other batch (a new row count, a changed dtype or shape, a dict field) gets the full
+        :meth:`_validate`, which names the problem and the fix.
+        """
+        if self._flat:
+            try:
+                layout = tuple([(name, value.dtype, value.shape) for name, value in batch.items()])
+            except AttributeError:  # a list, or a dict where an array is stored: the full check explains
+                layout = None
+            # the same layout as the last batch (elementwise ==, no hashing), or one checked before
+            if layout == self._last_layout or layout in self._checked_layouts:
+                self._last_layout = layout
+                return
+            self._validate(batch)
+            if layout is not None and len(self._checked_layouts) < _MAX_CHECKED_LAYOUTS:
+                self._checked_layouts.add(layout)
+                self._last_layout = layout
+        else:
+            self._validate(batch)
 
     def _allocate(self, batch: TransitionBatch) -> None:
         def ring(name: str, leaf: np.ndarray) -> np.ndarray:
@@ -90,6 +126,11 @@ class ArrayStorage:
             for name, value in self.fields.items()
             for path, leaf in tree_leaves(value, name)
         ]
+        self._flat = all(isinstance(v, np.ndarray) for v in self.fields.values())
+        # the slots of a write that does not wrap, as a read-only view: no arange per add
+        self._slot_numbers = np.arange(self.capacity, dtype=np.int64)
+        self._slot_numbers.flags.writeable = False
+        self._checked_layouts, self._last_layout = set(), None
 
     def _validate(self, batch: TransitionBatch) -> None:
         if batch.keys() != self.fields.keys():
@@ -124,7 +165,7 @@ class ArrayStorage:
     def gather(self, indices: np.ndarray) -> TransitionBatch:
         """The transitions at ``indices`` (int [B]) as a new batch (a copy)."""
         # ndarray.take is several times faster than fancy indexing for rows of 2-D arrays
-        return TransitionBatch({name: _take(v, indices) for name, v in self.fields.items()})
+        return TransitionBatch.wrap({name: _take(v, indices) for name, v in self.fields.items()})
 
     # ------------------------------------------------------------------ state
     STATE_VERSION = 1
