@@ -3,6 +3,7 @@
     python benchmarks/scaleout.py dqn [--seeds 0 1 2] [--env-steps 60000]
     python benchmarks/scaleout.py throughput [--seconds 4]
     python benchmarks/scaleout.py ingest [--actors 8] [--seconds 4]
+    python benchmarks/scaleout.py envpool [--repeats 5] [--steps 2000]
 
 ``dqn``: the same DQN (plain torch loop over ``ReplayBuffer -> BatchSampler``,
 the hyper-parameters of ptl_rl.examples.dqn) with the in-process
@@ -20,6 +21,12 @@ check, ReplayBuffer.add) from many lightweight Ray actors that send a
 precomputed batch at once, for CartPole-sized rows (obs float32 [4]) and
 Atari-sized rows (obs uint8 [4, 84, 84]); with a projection to 100 and 1,000
 workers.
+
+``envpool``: env steps/s of CartPole through ``ExperienceSource`` (random
+actions) with gymnasium's ``SyncVectorEnv`` and with EnvPool (through
+``ptl_rl.envpool.EnvPoolVectorEnv``) at 8 and 64 sub-envs, next to the limit:
+the same EnvPool pool stepped in a bare loop with the same actions. The
+three run interleaved, several repeats, median.
 
 Wall times depend on the load of the machine: the script prints the load
 average next to every result. Timings live here, never in tests.
@@ -299,6 +306,53 @@ def bench_ingest(args: argparse.Namespace) -> None:
         ray.shutdown()
 
 
+# ---------------------------------------------------------------------------- envpool
+def bench_envpool(args: argparse.Namespace) -> None:
+    import envpool  # noqa: PLC0415
+
+    from ptl_rl.envpool import EnvPoolVectorEnv  # noqa: PLC0415
+
+    def random_agent(n: int) -> Any:
+        rng = np.random.default_rng(0)
+        return lambda obs: rng.integers(0, 2, n)
+
+    def through_source(env: Any, n: int) -> float:
+        source = ptl_rl.ExperienceSource(env, random_agent(n), seed=0)
+        next(source)
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            next(source)
+        return source.total_steps / (time.perf_counter() - start)
+
+    def bare_loop(pool: Any, n: int) -> float:  # the limit: EnvPool alone, no transitions built
+        agent = random_agent(n)
+        obs, _ = pool.reset()
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            obs, *_ = pool.step(agent(obs))
+        return n * args.steps / (time.perf_counter() - start)
+
+    for n in (8, 64):
+        gym_env = gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="sync")
+        pool = EnvPoolVectorEnv("CartPole-v1", num_envs=n)
+        bare = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=n)
+        rates: dict[str, list[float]] = {"gymnasium SyncVectorEnv": [], "EnvPool": [], "EnvPool bare loop": []}
+        for _ in range(args.repeats):  # interleaved: a change of load hits all three alike
+            rates["gymnasium SyncVectorEnv"].append(through_source(gym_env, n))
+            rates["EnvPool"].append(through_source(pool, n))
+            rates["EnvPool bare loop"].append(bare_loop(bare, n))
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        print(f"CartPole-v1 x{n}, ExperienceSource, median of {args.repeats}  ({load()})")
+        for name, rate in med.items():
+            print(f"  {name:24s} {rate:10,.0f} env steps/s")
+        print(
+            f"  EnvPool / SyncVectorEnv through the source: {med['EnvPool'] / med['gymnasium SyncVectorEnv']:.2f}x; "
+            f"source over EnvPool at {med['EnvPool'] / med['EnvPool bare loop']:.2f} of the bare loop"
+        )
+        for env in (gym_env, pool, bare):
+            env.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -319,8 +373,12 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--worker-rate", type=int, default=5_000, help="env steps/s of one CartPole worker (projection)")
     p.add_argument("--worker-rate-atari", type=int, default=1_000, help="env steps/s of one Atari worker")
+    p = sub.add_parser("envpool")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--steps", type=int, default=2_000, help="vector steps per measurement")
     args = parser.parse_args()
-    {"dqn": bench_dqn, "throughput": bench_throughput, "ingest": bench_ingest}[args.command](args)
+    commands = {"dqn": bench_dqn, "throughput": bench_throughput, "ingest": bench_ingest, "envpool": bench_envpool}
+    commands[args.command](args)
 
 
 if __name__ == "__main__":
