@@ -79,14 +79,27 @@ def dqn_collector(info: WorkerInfo, seed: int) -> Collector:
     return Collector(ptl_rl.NStepTransform(source, N_STEP, GAMMA), net)
 
 
-def run_dqn(seed: int, use_async: bool, env_steps: int, push_every: int, evaluate: bool = True) -> dict[str, Any]:
+def run_dqn(
+    seed: int,
+    use_async: bool,
+    env_steps: int,
+    push_every: int,
+    evaluate: bool = True,
+    steps_per_message: int = 1,
+    queue_size: int = 8,
+) -> dict[str, Any]:
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     start = time.perf_counter()
     net, target = q_network(), q_network()
     target.load_state_dict(net.state_dict())
     if use_async:
-        upstream: Any = AsyncSource(functools.partial(dqn_collector, seed=seed), policy=net, queue_size=8)
+        upstream: Any = AsyncSource(
+            functools.partial(dqn_collector, seed=seed),
+            policy=net,
+            queue_size=queue_size,
+            steps_per_message=steps_per_message,
+        )
     else:
         upstream = dqn_collector(WorkerInfo(0, 0, 0, 1), seed)
         net = upstream.policy  # the in-process agent acts with the learner's network itself
@@ -153,7 +166,15 @@ def bench_dqn(args: argparse.Namespace) -> None:
     rows = []
     for seed in args.seeds:
         for use_async in (False, True):
-            result = run_dqn(seed, use_async, args.env_steps, args.push_every, args.evaluate)
+            result = run_dqn(
+                seed,
+                use_async,
+                args.env_steps,
+                args.push_every,
+                args.evaluate,
+                args.steps_per_message,
+                args.queue_size,
+            )
             rows.append((seed, use_async, result))
             print(f"seed {seed} {'async' if use_async else 'sync '}: {result}  ({load()})", flush=True)
     for seed in args.seeds:
@@ -360,6 +381,8 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--env-steps", type=int, default=60_000)
     p.add_argument("--push-every", type=int, default=10, help="gradient steps between weight pushes (K)")
+    p.add_argument("--steps-per-message", type=int, default=1, help="vector steps per AsyncSource message")
+    p.add_argument("--queue-size", type=int, default=8, help="AsyncSource messages the collector may run ahead")
     p.add_argument(
         "--evaluate",
         action=argparse.BooleanOptionalAction,

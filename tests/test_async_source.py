@@ -18,7 +18,7 @@ import pytest
 import torch
 from collectors import ShiftPolicy, check_rows, concat_rows, scripted_collector
 
-from ptl_rl import BatchSampler, ReplayBuffer, to_dataloader
+from ptl_rl import BatchSampler, ExperienceSource, ReplayBuffer, find_stage, to_dataloader
 from ptl_rl.distributed import AsyncSource, CollectorError, WorkerInfo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -55,6 +55,25 @@ def test_rows_equal_in_process_pipeline_and_brute_force() -> None:
         assert (have["policy_version"] == 0).all()
     check_rows(concat_rows(got))
     assert source.total_steps >= 40 and source.episodes_finished > 0
+
+
+def test_steps_per_message_joins_batches_in_order() -> None:
+    """steps_per_message=K: each message holds the rows of K consecutive in-process batches, counters add up."""
+    factory = functools.partial(scripted_collector, n=3)
+    reference = factory(WorkerInfo(0, 0, 0, 1)).pipeline
+    expected = [next(reference) for _ in range(5 * 4)]
+    with AsyncSource(factory, steps_per_message=4, queue_size=2) as source:
+        got = [next(source) for _ in range(5)]
+        steps = source.total_steps
+    for k, have in enumerate(got):
+        want = expected[4 * k : 4 * k + 4]
+        for key in want[0].keys():
+            np.testing.assert_array_equal(have[key], np.concatenate([w[key] for w in want]), err_msg=key)
+    check_rows(concat_rows(got))
+    # the env steps of every batch in the messages taken in (the collector may be ahead), not one per message
+    assert steps >= find_stage(reference, ExperienceSource).total_steps > 5 * 4
+    with pytest.raises(ValueError, match="steps_per_message"):
+        AsyncSource(factory, steps_per_message=0)
 
 
 def test_versions_staleness_and_composition_with_replay() -> None:

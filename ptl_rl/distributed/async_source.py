@@ -76,6 +76,7 @@ def _collector_main(
     version: Any,
     lock: Any,
     counters: tuple[int, int] | None,
+    steps_per_message: int = 1,
 ) -> None:
     """Body of the collector process: build, then step and send until told to stop or the parent is gone."""
     # Ctrl-C in a terminal reaches the whole process group: the learner decides when the collector stops
@@ -88,12 +89,19 @@ def _collector_main(
             collector.restore_counters(*counters)
         last_steps = collector.source.total_steps
         while not stop.is_set() and _learner_alive():
-            if weights is not None and version.value != collector.version:
-                with lock:  # the learner writes these tensors in place under the same lock
-                    collector.set_weights(version.value, weights)
-            elif weights is None and collector.version < 0:
-                collector.set_weights(0, None)
-            batch, steps, episodes = collector.next_batch()
+            batches, episodes = [], []
+            for _ in range(steps_per_message):
+                if weights is not None and version.value != collector.version:
+                    with lock:  # the learner writes these tensors in place under the same lock
+                        collector.set_weights(version.value, weights)
+                elif weights is None and collector.version < 0:
+                    collector.set_weights(0, None)
+                batch, steps, ended = collector.next_batch()
+                batches.append(batch)
+                episodes += ended
+            # one message per steps_per_message batches: the queue's fixed cost (pickle, pipe write, the
+            # learner's wake-up and unpickle) is paid once for all of them
+            batch = TransitionBatch.concat(batches)
             if not _put(data_q, ("batch", batch, steps - last_steps, episodes), stop):
                 break
             last_steps = steps
@@ -177,10 +185,17 @@ class AsyncSource(RemoteEpisodes):
             has ``policy_version`` 0).
         max_staleness: drop rows whose ``policy_version`` is more than this many
             versions behind the learner's when they are taken in (``None``: keep all).
-        queue_size: batches the collector may run ahead of the learner. The
+        queue_size: messages the collector may run ahead of the learner. The
             collector blocks when the queue is full, so the replay ratio set on
             the :class:`~ptl_rl.buffers.ReplayBuffer` downstream holds exactly:
             the learner waits for its transitions as it does in-process.
+        steps_per_message: pipeline batches (vector steps) the collector joins
+            into one message. Each message costs a fixed amount (pickling, a pipe
+            write, waking the learner, unpickling) whatever its size, so for small
+            rows (CartPole) a few steps per message cut the learner's receive cost
+            per transition. The collector then runs up to ``queue_size *
+            steps_per_message`` vector steps ahead: lower ``queue_size`` to keep
+            the staleness where it was.
         start_method: ``"forkserver"`` (default where the platform has it) or
             ``"spawn"``. Never ``"fork"``: it would copy the learner's threads
             and CUDA state. Both need a picklable factory; with ``"forkserver"``
@@ -191,10 +206,10 @@ class AsyncSource(RemoteEpisodes):
             torch and builds its envs) before raising.
         stats_window: episodes kept for :meth:`episode_stats`.
 
-    Each ``next()`` returns one :class:`~ptl_rl.batch.TransitionBatch` of the
-    collector's pipeline with an extra field ``policy_version`` (int64 [B]),
-    the version of the weights that chose each row's action. The stage has the
-    episode interface of an :class:`~ptl_rl.source.ExperienceSource`
+    Each ``next()`` returns the rows of ``steps_per_message`` batches of the
+    collector's pipeline (one :class:`~ptl_rl.batch.TransitionBatch`) with an
+    extra field ``policy_version`` (int64 [B]), the version of the weights
+    that chose each row's action. The stage has the episode interface of an :class:`~ptl_rl.source.ExperienceSource`
     (``total_steps``, ``episodes_finished``, ``recent_episodes``,
     ``pop_episodes``, ``episode_stats``) and :meth:`staleness_stats`.
 
@@ -217,6 +232,7 @@ class AsyncSource(RemoteEpisodes):
         start_timeout: float = 120.0,
         stats_window: int = 100,
         start_method: str | None = None,
+        steps_per_message: int = 1,
     ) -> None:
         if not callable(factory):
             raise TypeError(
@@ -224,6 +240,9 @@ class AsyncSource(RemoteEpisodes):
             )
         if queue_size < 1:
             raise ValueError(f"queue_size must be >= 1, got {queue_size}")
+        if steps_per_message < 1:
+            raise ValueError(f"steps_per_message must be >= 1, got {steps_per_message}")
+        self.steps_per_message = int(steps_per_message)
         self.factory = factory
         self.policy = policy
         self.queue_size = int(queue_size)
@@ -287,6 +306,7 @@ class AsyncSource(RemoteEpisodes):
                 self._version_value,
                 self._lock,
                 counters,
+                self.steps_per_message,
             ),
             name=f"ptl_rl-collector-{info.rank}",
             daemon=False,  # a daemonic process may not start children, and the collector's AsyncVectorEnv does
