@@ -209,8 +209,8 @@ class AsyncSource(RemoteEpisodes):
     Each ``next()`` returns the rows of ``steps_per_message`` batches of the
     collector's pipeline (one :class:`~ptl_rl.batch.TransitionBatch`) with an
     extra field ``policy_version`` (int64 [B]), the version of the weights
-    that chose each row's action. The stage has the episode interface of an :class:`~ptl_rl.source.ExperienceSource`
-    (``total_steps``, ``episodes_finished``, ``recent_episodes``,
+    that chose each row's action. The stage has the episode interface of an
+    :class:`~ptl_rl.source.ExperienceSource` (``total_steps``, ``episodes_finished``, ``recent_episodes``,
     ``pop_episodes``, ``episode_stats``) and :meth:`staleness_stats`.
 
     The process starts at the first ``next()`` and stops at :meth:`close` (also
