@@ -295,36 +295,57 @@ def precomputed_collector(info: WorkerInfo, rows: int, atari: bool) -> Collector
     return Collector(Precomputed(source, batch), None)
 
 
+def _ingest_rate(stage: Any, rows_per_message: int, atari: bool, seconds: float, warm_messages: int) -> float:
+    """Transitions/s the learner takes from ``stage`` into a ReplayBuffer (receive, staleness check, add)."""
+    buffer = ptl_rl.ReplayBuffer(stage, 4_000 if atari else 200_000, warmup=0, transitions_per_yield=1)
+    for _ in range(warm_messages):  # every collector started and delivered
+        buffer.add(next(stage))
+    start, stored = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        stored += len(buffer.add(next(stage)))
+    return stored / (time.perf_counter() - start)
+
+
 def bench_ingest(args: argparse.Namespace) -> None:
-    ray = ray_init()
-    try:
-        for atari in (False, True):
-            rows = 32
-            factory = functools.partial(precomputed_collector, rows=rows, atari=atari)
-            stage = RayWorkers(factory, args.actors, steps_per_call=8, actor_options={"num_cpus": 0.1})
-            capacity = 20_000 if atari else 200_000
-            buffer = ptl_rl.ReplayBuffer(stage, capacity, warmup=0, transitions_per_yield=1)
-            try:
-                for _ in range(args.actors * 8 * rows * 3):  # every actor started and delivered
-                    next(buffer)
-                start, stored = time.perf_counter(), 0
-                while time.perf_counter() - start < args.seconds:
-                    stored += len(buffer.add(next(stage)))
-                rate = stored / (time.perf_counter() - start)
-            finally:
-                stage.close()
-            kind = "Atari-sized (uint8 [4,84,84] obs+next_obs, 56 KB/row)" if atari else "CartPole-sized (float32 [4])"
-            print(f"{kind}: learner ingest {rate:,.0f} transitions/s from {args.actors} actors  ({load()})")
-            per_worker = args.worker_rate_atari if atari else args.worker_rate
-            for n in (100, 1000):
-                need = n * per_worker
-                print(
-                    f"  {n:5d} workers x {per_worker:,} steps/s need {need:,.0f}/s: "
-                    + ("within" if need <= rate else f"{need / rate:.1f}x over")
-                    + f" this learner's limit; it saturates at ~{rate / per_worker:,.0f} such workers"
-                )
-    finally:
-        ray.shutdown()
+    rows, per_message = 32, 8  # 256 rows per message (AsyncSource) or per call (Ray)
+    rates: dict[tuple[str, bool], float] = {}
+    for atari in (False, True):
+        for _ in range(args.repeats):  # AsyncSource, both transports, interleaved
+            for shm in (False, True):
+                factory = functools.partial(precomputed_collector, rows=rows, atari=atari)
+                with AsyncSource(
+                    factory, steps_per_message=per_message, queue_size=4, shared_memory_mb=64 if shm else None
+                ) as stage:
+                    rate = _ingest_rate(stage, rows * per_message, atari, args.seconds, 8)
+                rates.setdefault((f"AsyncSource {'shared-memory ring' if shm else 'pickled queue'}", atari), [])
+                rates[(f"AsyncSource {'shared-memory ring' if shm else 'pickled queue'}", atari)].append(rate)
+    if args.ray:
+        ray = ray_init()
+        try:
+            for atari in (False, True):
+                factory = functools.partial(precomputed_collector, rows=rows, atari=atari)
+                stage = RayWorkers(factory, args.actors, steps_per_call=per_message, actor_options={"num_cpus": 0.1})
+                try:
+                    rate = _ingest_rate(stage, rows * per_message, atari, args.seconds, 3 * args.actors)
+                finally:
+                    stage.close()
+                rates[(f"RayWorkers x{args.actors}", atari)] = [rate]
+        finally:
+            ray.shutdown()
+    for atari in (False, True):
+        kind = "Atari-sized (uint8 [4,84,84] obs+next_obs, 56 KB/row)" if atari else "CartPole-sized (float32 [4])"
+        print(f"{kind}, {rows * per_message} rows per message, median of repeats  ({load()})")
+        per_worker = args.worker_rate_atari if atari else args.worker_rate
+        for (name, is_atari), values in rates.items():
+            if is_atari != atari:
+                continue
+            rate = statistics.median(values)
+            gbs = f" ({rate * 56_448 / 1e9:.2f} GB/s)" if atari else ""
+            print(f"  {name:36s} learner ingest {rate:12,.0f} transitions/s{gbs}")
+            print(
+                f"    saturates at ~{rate / per_worker:,.0f} workers of {per_worker:,} env steps/s; "
+                + ", ".join(f"{n:,} workers need {n * per_worker / rate:.1f}x this" for n in (100, 1000))
+            )
 
 
 # ---------------------------------------------------------------------------- envpool
@@ -393,7 +414,9 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=4.0)
     p = sub.add_parser("ingest")
     p.add_argument("--actors", type=int, default=8)
-    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--ray", action=argparse.BooleanOptionalAction, default=False, help="also from Ray actors")
     p.add_argument("--worker-rate", type=int, default=5_000, help="env steps/s of one CartPole worker (projection)")
     p.add_argument("--worker-rate-atari", type=int, default=1_000, help="env steps/s of one Atari worker")
     p = sub.add_parser("envpool")

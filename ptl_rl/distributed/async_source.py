@@ -39,6 +39,7 @@ from ptl_rl.distributed.common import (
     WorkerInfo,
     weights_of,
 )
+from ptl_rl.distributed.shm_ring import RingReader, RingWriter
 from ptl_rl.ranks import distributed_rank
 from ptl_rl.reprs import stage_repr
 
@@ -77,13 +78,19 @@ def _collector_main(
     lock: Any,
     counters: tuple[int, int] | None,
     steps_per_message: int = 1,
+    ring: tuple[torch.Tensor, Any] | None = None,
 ) -> None:
     """Body of the collector process: build, then step and send until told to stop or the parent is gone."""
     # Ctrl-C in a terminal reaches the whole process group: the learner decides when the collector stops
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)  # the learner owns the cores for its gradient steps
     error_sent = False
+
+    def keep_going() -> bool:
+        return not stop.is_set() and _learner_alive()
+
     try:
+        writer = RingWriter(*ring) if ring is not None else None
         collector = BuiltCollector(factory, info)
         if counters is not None:
             collector.restore_counters(*counters)
@@ -102,6 +109,10 @@ def _collector_main(
             # one message per steps_per_message batches: the queue's fixed cost (pickle, pipe write, the
             # learner's wake-up and unpickle) is paid once for all of them
             batch = TransitionBatch.concat(batches)
+            if writer is not None:  # large arrays go through shared memory, the queue carries where they are
+                batch = writer.pack(batch, keep_going)
+                if batch is None:
+                    break
             if not _put(data_q, ("batch", batch, steps - last_steps, episodes), stop):
                 break
             last_steps = steps
@@ -196,6 +207,13 @@ class AsyncSource(RemoteEpisodes):
             per transition. The collector then runs up to ``queue_size *
             steps_per_message`` vector steps ahead: lower ``queue_size`` to keep
             the staleness where it was.
+        shared_memory_mb: size of a shared-memory ring (MiB) through which the
+            collector sends each message's large arrays (>= 1 KiB, e.g. pixel
+            observations) instead of pickling them through the queue: one copy
+            on each side instead of four, and the learner skips the unpickle and
+            the pipe read. ``None`` (default): everything is pickled, which is
+            as fast for CartPole-sized rows. The ring must hold at least one
+            message's largest array; the collector waits while it is full.
         start_method: ``"forkserver"`` (default where the platform has it) or
             ``"spawn"``. Never ``"fork"``: it would copy the learner's threads
             and CUDA state. Both need a picklable factory; with ``"forkserver"``
@@ -233,6 +251,7 @@ class AsyncSource(RemoteEpisodes):
         stats_window: int = 100,
         start_method: str | None = None,
         steps_per_message: int = 1,
+        shared_memory_mb: float | None = None,
     ) -> None:
         if not callable(factory):
             raise TypeError(
@@ -243,6 +262,11 @@ class AsyncSource(RemoteEpisodes):
         if steps_per_message < 1:
             raise ValueError(f"steps_per_message must be >= 1, got {steps_per_message}")
         self.steps_per_message = int(steps_per_message)
+        if shared_memory_mb is not None and shared_memory_mb <= 0:
+            raise ValueError(f"shared_memory_mb must be > 0 (or None for no ring), got {shared_memory_mb}")
+        self.shared_memory_mb = shared_memory_mb
+        self._ring: tuple[torch.Tensor, Any] | None = None
+        self._reader: RingReader | None = None
         self.factory = factory
         self.policy = policy
         self.queue_size = int(queue_size)
@@ -293,6 +317,12 @@ class AsyncSource(RemoteEpisodes):
         if self._weights is not None:
             self._write_weights(weights_of(self.policy), self.version)
         counters = (self.counters.total_steps, self.counters.episodes_finished) if self._restore_counters else None
+        if self.shared_memory_mb is not None:
+            if self._ring is None:  # allocated once, reused by every incarnation (each starts at position 0)
+                ring = torch.empty(int(self.shared_memory_mb * 2**20), dtype=torch.uint8).share_memory_()
+                self._ring = (ring, self._ctx.Value("q", 0, lock=False))
+            self._ring[1].value = 0
+            self._reader = RingReader(*self._ring)
         self._data_q = self._ctx.Queue(maxsize=self.queue_size)
         self._stop = self._ctx.Event()
         self._proc = self._ctx.Process(
@@ -307,6 +337,7 @@ class AsyncSource(RemoteEpisodes):
                 self._lock,
                 counters,
                 self.steps_per_message,
+                self._ring,
             ),
             name=f"ptl_rl-collector-{info.rank}",
             daemon=False,  # a daemonic process may not start children, and the collector's AsyncVectorEnv does
@@ -379,6 +410,8 @@ class AsyncSource(RemoteEpisodes):
                         f"(built by {getattr(self.factory, '__name__', self.factory)!r}; its traceback follows)\n{tb}"
                     )
                 _, batch, steps, episodes = message
+                if self._reader is not None:
+                    batch = self._reader.unpack(batch)
                 self.counters.add(steps, episodes)
                 batch = self.staleness.admit(batch, self.version)
                 if len(batch):
