@@ -1,8 +1,8 @@
 """Scale-out benchmarks: async vs in-process DQN, collection throughput, the learner's ingest limit.
 
-    python benchmarks/scaleout.py dqn [--seeds 0 1 2] [--env-steps 60000]
+    python benchmarks/scaleout.py dqn [--seeds 0 1 2] [--env-steps 60000] [--steps-per-message 4 --queue-size 2]
     python benchmarks/scaleout.py throughput [--seconds 4]
-    python benchmarks/scaleout.py ingest [--actors 8] [--seconds 4]
+    python benchmarks/scaleout.py ingest [--repeats 3] [--seconds 3] [--ray --actors 8]
     python benchmarks/scaleout.py envpool [--repeats 5] [--steps 2000]
 
 ``dqn``: the same DQN (plain torch loop over ``ReplayBuffer -> BatchSampler``,
@@ -17,8 +17,10 @@ and drops them) with an env that burns 1 ms of CPU per step (4 sub-envs):
 in-process source, AsyncSource, RayWorkers with 1 and 2 workers.
 
 ``ingest``: transitions/s the learner side takes in (receive, staleness
-check, ReplayBuffer.add) from many lightweight Ray actors that send a
-precomputed batch at once, for CartPole-sized rows (obs float32 [4]) and
+check, ReplayBuffer.add) from an AsyncSource whose collector sends a
+precomputed batch (no env work), through the pickled queue and through the
+shared-memory ring (interleaved, median of repeats), and with ``--ray`` from
+lightweight Ray actors; for CartPole-sized rows (obs float32 [4]) and
 Atari-sized rows (obs uint8 [4, 84, 84]); with a projection to 100 and 1,000
 workers.
 
