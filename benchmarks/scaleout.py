@@ -1,8 +1,9 @@
 """Scale-out benchmarks: async vs in-process DQN, collection throughput, the learner's ingest limit.
 
-    python benchmarks/scaleout.py dqn [--seeds 0 1 2] [--env-steps 60000]
+    python benchmarks/scaleout.py dqn [--seeds 0 1 2] [--env-steps 60000] [--steps-per-message 4 --queue-size 2]
     python benchmarks/scaleout.py throughput [--seconds 4]
-    python benchmarks/scaleout.py ingest [--actors 8] [--seconds 4]
+    python benchmarks/scaleout.py ingest [--repeats 3] [--seconds 3] [--ray --actors 8]
+    python benchmarks/scaleout.py envpool [--repeats 5] [--steps 2000]
 
 ``dqn``: the same DQN (plain torch loop over ``ReplayBuffer -> BatchSampler``,
 the hyper-parameters of ptl_rl.examples.dqn) with the in-process
@@ -16,10 +17,18 @@ and drops them) with an env that burns 1 ms of CPU per step (4 sub-envs):
 in-process source, AsyncSource, RayWorkers with 1 and 2 workers.
 
 ``ingest``: transitions/s the learner side takes in (receive, staleness
-check, ReplayBuffer.add) from many lightweight Ray actors that send a
-precomputed batch at once, for CartPole-sized rows (obs float32 [4]) and
+check, ReplayBuffer.add) from an AsyncSource whose collector sends a
+precomputed batch (no env work), through the pickled queue and through the
+shared-memory ring (interleaved, median of repeats), and with ``--ray`` from
+lightweight Ray actors; for CartPole-sized rows (obs float32 [4]) and
 Atari-sized rows (obs uint8 [4, 84, 84]); with a projection to 100 and 1,000
 workers.
+
+``envpool``: env steps/s of CartPole through ``ExperienceSource`` (random
+actions) with gymnasium's ``SyncVectorEnv`` and with EnvPool (through
+``ptl_rl.envpool.EnvPoolVectorEnv``) at 8 and 64 sub-envs, next to the limit:
+the same EnvPool pool stepped in a bare loop with the same actions. The
+three run interleaved, several repeats, median.
 
 Wall times depend on the load of the machine: the script prints the load
 average next to every result. Timings live here, never in tests.
@@ -72,14 +81,27 @@ def dqn_collector(info: WorkerInfo, seed: int) -> Collector:
     return Collector(ptl_rl.NStepTransform(source, N_STEP, GAMMA), net)
 
 
-def run_dqn(seed: int, use_async: bool, env_steps: int, push_every: int, evaluate: bool = True) -> dict[str, Any]:
+def run_dqn(
+    seed: int,
+    use_async: bool,
+    env_steps: int,
+    push_every: int,
+    evaluate: bool = True,
+    steps_per_message: int = 1,
+    queue_size: int = 8,
+) -> dict[str, Any]:
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     start = time.perf_counter()
     net, target = q_network(), q_network()
     target.load_state_dict(net.state_dict())
     if use_async:
-        upstream: Any = AsyncSource(functools.partial(dqn_collector, seed=seed), policy=net, queue_size=8)
+        upstream: Any = AsyncSource(
+            functools.partial(dqn_collector, seed=seed),
+            policy=net,
+            queue_size=queue_size,
+            steps_per_message=steps_per_message,
+        )
     else:
         upstream = dqn_collector(WorkerInfo(0, 0, 0, 1), seed)
         net = upstream.policy  # the in-process agent acts with the learner's network itself
@@ -146,7 +168,15 @@ def bench_dqn(args: argparse.Namespace) -> None:
     rows = []
     for seed in args.seeds:
         for use_async in (False, True):
-            result = run_dqn(seed, use_async, args.env_steps, args.push_every, args.evaluate)
+            result = run_dqn(
+                seed,
+                use_async,
+                args.env_steps,
+                args.push_every,
+                args.evaluate,
+                args.steps_per_message,
+                args.queue_size,
+            )
             rows.append((seed, use_async, result))
             print(f"seed {seed} {'async' if use_async else 'sync '}: {result}  ({load()})", flush=True)
     for seed in args.seeds:
@@ -267,36 +297,104 @@ def precomputed_collector(info: WorkerInfo, rows: int, atari: bool) -> Collector
     return Collector(Precomputed(source, batch), None)
 
 
+def _ingest_rate(stage: Any, rows_per_message: int, atari: bool, seconds: float, warm_messages: int) -> float:
+    """Transitions/s the learner takes from ``stage`` into a ReplayBuffer (receive, staleness check, add)."""
+    buffer = ptl_rl.ReplayBuffer(stage, 4_000 if atari else 200_000, warmup=0, transitions_per_yield=1)
+    for _ in range(warm_messages):  # every collector started and delivered
+        buffer.add(next(stage))
+    start, stored = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        stored += len(buffer.add(next(stage)))
+    return stored / (time.perf_counter() - start)
+
+
 def bench_ingest(args: argparse.Namespace) -> None:
-    ray = ray_init()
-    try:
-        for atari in (False, True):
-            rows = 32
-            factory = functools.partial(precomputed_collector, rows=rows, atari=atari)
-            stage = RayWorkers(factory, args.actors, steps_per_call=8, actor_options={"num_cpus": 0.1})
-            capacity = 20_000 if atari else 200_000
-            buffer = ptl_rl.ReplayBuffer(stage, capacity, warmup=0, transitions_per_yield=1)
-            try:
-                for _ in range(args.actors * 8 * rows * 3):  # every actor started and delivered
-                    next(buffer)
-                start, stored = time.perf_counter(), 0
-                while time.perf_counter() - start < args.seconds:
-                    stored += len(buffer.add(next(stage)))
-                rate = stored / (time.perf_counter() - start)
-            finally:
-                stage.close()
-            kind = "Atari-sized (uint8 [4,84,84] obs+next_obs, 56 KB/row)" if atari else "CartPole-sized (float32 [4])"
-            print(f"{kind}: learner ingest {rate:,.0f} transitions/s from {args.actors} actors  ({load()})")
-            per_worker = args.worker_rate_atari if atari else args.worker_rate
-            for n in (100, 1000):
-                need = n * per_worker
-                print(
-                    f"  {n:5d} workers x {per_worker:,} steps/s need {need:,.0f}/s: "
-                    + ("within" if need <= rate else f"{need / rate:.1f}x over")
-                    + f" this learner's limit; it saturates at ~{rate / per_worker:,.0f} such workers"
-                )
-    finally:
-        ray.shutdown()
+    rows, per_message = 32, 8  # 256 rows per message (AsyncSource) or per call (Ray)
+    rates: dict[tuple[str, bool], float] = {}
+    for atari in (False, True):
+        for _ in range(args.repeats):  # AsyncSource, both transports, interleaved
+            for shm in (False, True):
+                factory = functools.partial(precomputed_collector, rows=rows, atari=atari)
+                with AsyncSource(
+                    factory, steps_per_message=per_message, queue_size=4, shared_memory_mb=64 if shm else None
+                ) as stage:
+                    rate = _ingest_rate(stage, rows * per_message, atari, args.seconds, 8)
+                rates.setdefault((f"AsyncSource {'shared-memory ring' if shm else 'pickled queue'}", atari), [])
+                rates[(f"AsyncSource {'shared-memory ring' if shm else 'pickled queue'}", atari)].append(rate)
+    if args.ray:
+        ray = ray_init()
+        try:
+            for atari in (False, True):
+                factory = functools.partial(precomputed_collector, rows=rows, atari=atari)
+                stage = RayWorkers(factory, args.actors, steps_per_call=per_message, actor_options={"num_cpus": 0.1})
+                try:
+                    rate = _ingest_rate(stage, rows * per_message, atari, args.seconds, 3 * args.actors)
+                finally:
+                    stage.close()
+                rates[(f"RayWorkers x{args.actors}", atari)] = [rate]
+        finally:
+            ray.shutdown()
+    for atari in (False, True):
+        kind = "Atari-sized (uint8 [4,84,84] obs+next_obs, 56 KB/row)" if atari else "CartPole-sized (float32 [4])"
+        print(f"{kind}, {rows * per_message} rows per message, median of repeats  ({load()})")
+        per_worker = args.worker_rate_atari if atari else args.worker_rate
+        for (name, is_atari), values in rates.items():
+            if is_atari != atari:
+                continue
+            rate = statistics.median(values)
+            gbs = f" ({rate * 56_448 / 1e9:.2f} GB/s)" if atari else ""
+            print(f"  {name:36s} learner ingest {rate:12,.0f} transitions/s{gbs}")
+            print(
+                f"    saturates at ~{rate / per_worker:,.0f} workers of {per_worker:,} env steps/s; "
+                + ", ".join(f"{n:,} workers need {n * per_worker / rate:.1f}x this" for n in (100, 1000))
+            )
+
+
+# ---------------------------------------------------------------------------- envpool
+def bench_envpool(args: argparse.Namespace) -> None:
+    import envpool  # noqa: PLC0415
+
+    from ptl_rl.envpool import EnvPoolVectorEnv  # noqa: PLC0415
+
+    def random_agent(n: int) -> Any:
+        rng = np.random.default_rng(0)
+        return lambda obs: rng.integers(0, 2, n)
+
+    def through_source(env: Any, n: int) -> float:
+        source = ptl_rl.ExperienceSource(env, random_agent(n), seed=0)
+        next(source)
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            next(source)
+        return source.total_steps / (time.perf_counter() - start)
+
+    def bare_loop(pool: Any, n: int) -> float:  # the limit: EnvPool alone, no transitions built
+        agent = random_agent(n)
+        obs, _ = pool.reset()
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            obs, *_ = pool.step(agent(obs))
+        return n * args.steps / (time.perf_counter() - start)
+
+    for n in (8, 64):
+        gym_env = gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="sync")
+        pool = EnvPoolVectorEnv("CartPole-v1", num_envs=n)
+        bare = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=n)
+        rates: dict[str, list[float]] = {"gymnasium SyncVectorEnv": [], "EnvPool": [], "EnvPool bare loop": []}
+        for _ in range(args.repeats):  # interleaved: a change of load hits all three alike
+            rates["gymnasium SyncVectorEnv"].append(through_source(gym_env, n))
+            rates["EnvPool"].append(through_source(pool, n))
+            rates["EnvPool bare loop"].append(bare_loop(bare, n))
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        print(f"CartPole-v1 x{n}, ExperienceSource, median of {args.repeats}  ({load()})")
+        for name, rate in med.items():
+            print(f"  {name:24s} {rate:10,.0f} env steps/s")
+        print(
+            f"  EnvPool / SyncVectorEnv through the source: {med['EnvPool'] / med['gymnasium SyncVectorEnv']:.2f}x; "
+            f"source over EnvPool at {med['EnvPool'] / med['EnvPool bare loop']:.2f} of the bare loop"
+        )
+        for env in (gym_env, pool, bare):
+            env.close()
 
 
 def main() -> None:
@@ -306,6 +404,8 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--env-steps", type=int, default=60_000)
     p.add_argument("--push-every", type=int, default=10, help="gradient steps between weight pushes (K)")
+    p.add_argument("--steps-per-message", type=int, default=1, help="vector steps per AsyncSource message")
+    p.add_argument("--queue-size", type=int, default=8, help="AsyncSource messages the collector may run ahead")
     p.add_argument(
         "--evaluate",
         action=argparse.BooleanOptionalAction,
@@ -316,11 +416,17 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=4.0)
     p = sub.add_parser("ingest")
     p.add_argument("--actors", type=int, default=8)
-    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--ray", action=argparse.BooleanOptionalAction, default=False, help="also from Ray actors")
     p.add_argument("--worker-rate", type=int, default=5_000, help="env steps/s of one CartPole worker (projection)")
     p.add_argument("--worker-rate-atari", type=int, default=1_000, help="env steps/s of one Atari worker")
+    p = sub.add_parser("envpool")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--steps", type=int, default=2_000, help="vector steps per measurement")
     args = parser.parse_args()
-    {"dqn": bench_dqn, "throughput": bench_throughput, "ingest": bench_ingest}[args.command](args)
+    commands = {"dqn": bench_dqn, "throughput": bench_throughput, "ingest": bench_ingest, "envpool": bench_envpool}
+    commands[args.command](args)
 
 
 if __name__ == "__main__":

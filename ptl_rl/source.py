@@ -36,6 +36,7 @@ import torch
 
 from ptl_rl.batch import CORE_FIELDS, TransitionBatch, tree_leaves, tree_map
 from ptl_rl.checks import check_agent
+from ptl_rl.envpool import as_vector_env
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
 from ptl_rl.reprs import env_name, stage_repr
 
@@ -225,6 +226,7 @@ class ExperienceSource:
         max_pending_episodes: int = 10_000,
         check_finite: bool = True,
     ) -> None:
+        env = as_vector_env(env)  # an EnvPool pool: seeded resets, async mode refused (ptl_rl/envpool.py)
         _check_env_api(env)
         if not callable(agent):
             raise TypeError(f"agent must be callable as agent(obs) -> actions, got {type(agent).__name__}")

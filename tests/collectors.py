@@ -83,6 +83,17 @@ class ShiftAgent:
         return (obs_code(ids_of(obs)) + shift) % NUM_ACTIONS
 
 
+PAD = 512  # float32 values per row of the padded agent's extra: 2 KiB, enough for AsyncSource's shared-memory ring
+
+
+class PaddedShiftAgent(ShiftAgent):
+    """A ShiftAgent whose extra ``pad`` (float32 [N, PAD]) repeats each row's observation code: large, and checkable."""
+
+    def __call__(self, obs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        code = obs_code(ids_of(obs)).astype(np.float32)
+        return super().__call__(obs), {"pad": np.repeat(code[:, None], PAD, axis=1)}
+
+
 def layouts_for(num_envs: int, episodes: int = 200) -> list[list[tuple[int, str]]]:
     """Episode scripts of varied lengths and end kinds, different per env."""
     kinds = (TERM, TRUNC, BOTH)
@@ -100,8 +111,12 @@ def scripted_collector(
     fail_worker: int | None = None,
     step_sleep: float = 0.0,
     seed: int = 7,
+    padded: bool = False,
 ) -> Collector:
-    """``num_envs`` CodeRewardEnvs in a SyncVectorEnv, ExperienceSource(rank=info.rank), NStepTransform(n)."""
+    """``num_envs`` CodeRewardEnvs in a SyncVectorEnv, ExperienceSource(rank=info.rank), NStepTransform(n).
+
+    ``padded``: the agent adds a 2 KiB extra per row (:class:`PaddedShiftAgent`).
+    """
     fail = fail_at if fail_worker is None or fail_worker == info.worker else None
     fail = fail if info.incarnation == 0 else None  # a restarted worker runs cleanly
     fns = [
@@ -117,7 +132,8 @@ def scripted_collector(
     ]
     env = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode(mode))
     policy = ShiftPolicy()
-    source = ExperienceSource(env, ShiftAgent(policy), gamma=gamma, seed=seed, rank=info.rank)
+    agent = (PaddedShiftAgent if padded else ShiftAgent)(policy)
+    source = ExperienceSource(env, agent, gamma=gamma, seed=seed, rank=info.rank)
     pipeline = NStepTransform(source, n, gamma) if n > 1 else source
     return Collector(pipeline, policy)
 

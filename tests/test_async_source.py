@@ -17,8 +17,9 @@ import psutil
 import pytest
 import torch
 from collectors import ShiftPolicy, check_rows, concat_rows, scripted_collector
+from scripted_env import obs_code
 
-from ptl_rl import BatchSampler, ReplayBuffer, to_dataloader
+from ptl_rl import BatchSampler, ExperienceSource, ReplayBuffer, TransitionBatch, find_stage, to_dataloader
 from ptl_rl.distributed import AsyncSource, CollectorError, WorkerInfo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -55,6 +56,53 @@ def test_rows_equal_in_process_pipeline_and_brute_force() -> None:
         assert (have["policy_version"] == 0).all()
     check_rows(concat_rows(got))
     assert source.total_steps >= 40 and source.episodes_finished > 0
+
+
+def test_steps_per_message_joins_batches_in_order() -> None:
+    """steps_per_message=K: each message holds the rows of K consecutive in-process batches, counters add up."""
+    factory = functools.partial(scripted_collector, n=3)
+    reference = factory(WorkerInfo(0, 0, 0, 1)).pipeline
+    expected = [next(reference) for _ in range(5 * 4)]
+    with AsyncSource(factory, steps_per_message=4, queue_size=2) as source:
+        got = [next(source) for _ in range(5)]
+        steps = source.total_steps
+    for k, have in enumerate(got):
+        want = expected[4 * k : 4 * k + 4]
+        for key in want[0].keys():
+            np.testing.assert_array_equal(have[key], np.concatenate([w[key] for w in want]), err_msg=key)
+    check_rows(concat_rows(got))
+    # the env steps of every batch in the messages taken in (the collector may be ahead), not one per message
+    assert steps >= find_stage(reference, ExperienceSource).total_steps > 5 * 4
+    with pytest.raises(ValueError, match="steps_per_message"):
+        AsyncSource(factory, steps_per_message=0)
+
+
+def test_shared_memory_ring_carries_large_arrays_exactly() -> None:
+    """With a ring so small that every message wraps around and waits for the learner, rows are still exact."""
+    factory = functools.partial(scripted_collector, n=3, padded=True)
+    reference = factory(WorkerInfo(0, 0, 0, 1)).pipeline
+    expected = [next(reference) for _ in range(2 * 40)]
+    # a message holds ~6 (up to 18) rows of 2 KiB of pad: a 64 KiB ring wraps every few messages and fills
+    with AsyncSource(factory, steps_per_message=2, queue_size=4, shared_memory_mb=1 / 16) as source:
+        got = [next(source) for _ in range(40)]
+    for k, have in enumerate(got):
+        want = TransitionBatch.concat(expected[2 * k : 2 * k + 2])
+        assert set(have.keys()) == set(want.keys()) | {"policy_version"}
+        for key in want.keys():
+            np.testing.assert_array_equal(have[key], want[key], err_msg=key)
+        assert have["pad"].flags.owndata, "copied out of the ring: a later message cannot overwrite it"
+    rows = concat_rows(got)
+    np.testing.assert_array_equal(rows["pad"], np.repeat(obs_code(rows["obs"]).astype(np.float32)[:, None], 512, 1))
+    check_rows(rows)
+
+
+def test_shared_memory_ring_too_small_is_a_clear_error() -> None:
+    factory = functools.partial(scripted_collector, n=3, padded=True)
+    with AsyncSource(factory, steps_per_message=64, shared_memory_mb=1 / 64) as source:
+        with pytest.raises(CollectorError, match="do not fit the shared-memory ring.*shared_memory_mb"):
+            next(source)
+    with pytest.raises(ValueError, match="shared_memory_mb"):
+        AsyncSource(factory, shared_memory_mb=0)
 
 
 def test_versions_staleness_and_composition_with_replay() -> None:

@@ -39,6 +39,7 @@ from ptl_rl.distributed.common import (
     WorkerInfo,
     weights_of,
 )
+from ptl_rl.distributed.shm_ring import RingReader, RingWriter
 from ptl_rl.ranks import distributed_rank
 from ptl_rl.reprs import stage_repr
 
@@ -76,24 +77,42 @@ def _collector_main(
     version: Any,
     lock: Any,
     counters: tuple[int, int] | None,
+    steps_per_message: int = 1,
+    ring: tuple[torch.Tensor, Any] | None = None,
 ) -> None:
     """Body of the collector process: build, then step and send until told to stop or the parent is gone."""
     # Ctrl-C in a terminal reaches the whole process group: the learner decides when the collector stops
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)  # the learner owns the cores for its gradient steps
     error_sent = False
+
+    def keep_going() -> bool:
+        return not stop.is_set() and _learner_alive()
+
     try:
+        writer = RingWriter(*ring) if ring is not None else None
         collector = BuiltCollector(factory, info)
         if counters is not None:
             collector.restore_counters(*counters)
         last_steps = collector.source.total_steps
         while not stop.is_set() and _learner_alive():
-            if weights is not None and version.value != collector.version:
-                with lock:  # the learner writes these tensors in place under the same lock
-                    collector.set_weights(version.value, weights)
-            elif weights is None and collector.version < 0:
-                collector.set_weights(0, None)
-            batch, steps, episodes = collector.next_batch()
+            batches, episodes = [], []
+            for _ in range(steps_per_message):
+                if weights is not None and version.value != collector.version:
+                    with lock:  # the learner writes these tensors in place under the same lock
+                        collector.set_weights(version.value, weights)
+                elif weights is None and collector.version < 0:
+                    collector.set_weights(0, None)
+                batch, steps, ended = collector.next_batch()
+                batches.append(batch)
+                episodes += ended
+            # one message per steps_per_message batches: the queue's fixed cost (pickle, pipe write, the
+            # learner's wake-up and unpickle) is paid once for all of them
+            batch = TransitionBatch.concat(batches)
+            if writer is not None:  # large arrays go through shared memory, the queue carries where they are
+                batch = writer.pack(batch, keep_going)
+                if batch is None:
+                    break
             if not _put(data_q, ("batch", batch, steps - last_steps, episodes), stop):
                 break
             last_steps = steps
@@ -177,10 +196,24 @@ class AsyncSource(RemoteEpisodes):
             has ``policy_version`` 0).
         max_staleness: drop rows whose ``policy_version`` is more than this many
             versions behind the learner's when they are taken in (``None``: keep all).
-        queue_size: batches the collector may run ahead of the learner. The
+        queue_size: messages the collector may run ahead of the learner. The
             collector blocks when the queue is full, so the replay ratio set on
             the :class:`~ptl_rl.buffers.ReplayBuffer` downstream holds exactly:
             the learner waits for its transitions as it does in-process.
+        steps_per_message: pipeline batches (vector steps) the collector joins
+            into one message. Each message costs a fixed amount (pickling, a pipe
+            write, waking the learner, unpickling) whatever its size, so for small
+            rows (CartPole) a few steps per message cut the learner's receive cost
+            per transition. The collector then runs up to ``queue_size *
+            steps_per_message`` vector steps ahead: lower ``queue_size`` to keep
+            the staleness where it was.
+        shared_memory_mb: size of a shared-memory ring (MiB) through which the
+            collector sends each message's large arrays (>= 1 KiB, e.g. pixel
+            observations) instead of pickling them through the queue: one copy
+            on each side instead of four, and the learner skips the unpickle and
+            the pipe read. ``None`` (default): everything is pickled, which is
+            as fast for CartPole-sized rows. The ring must hold at least one
+            message's largest array; the collector waits while it is full.
         start_method: ``"forkserver"`` (default where the platform has it) or
             ``"spawn"``. Never ``"fork"``: it would copy the learner's threads
             and CUDA state. Both need a picklable factory; with ``"forkserver"``
@@ -191,11 +224,11 @@ class AsyncSource(RemoteEpisodes):
             torch and builds its envs) before raising.
         stats_window: episodes kept for :meth:`episode_stats`.
 
-    Each ``next()`` returns one :class:`~ptl_rl.batch.TransitionBatch` of the
-    collector's pipeline with an extra field ``policy_version`` (int64 [B]),
-    the version of the weights that chose each row's action. The stage has the
-    episode interface of an :class:`~ptl_rl.source.ExperienceSource`
-    (``total_steps``, ``episodes_finished``, ``recent_episodes``,
+    Each ``next()`` returns the rows of ``steps_per_message`` batches of the
+    collector's pipeline (one :class:`~ptl_rl.batch.TransitionBatch`) with an
+    extra field ``policy_version`` (int64 [B]), the version of the weights
+    that chose each row's action. The stage has the episode interface of an
+    :class:`~ptl_rl.source.ExperienceSource` (``total_steps``, ``episodes_finished``, ``recent_episodes``,
     ``pop_episodes``, ``episode_stats``) and :meth:`staleness_stats`.
 
     The process starts at the first ``next()`` and stops at :meth:`close` (also
@@ -217,6 +250,8 @@ class AsyncSource(RemoteEpisodes):
         start_timeout: float = 120.0,
         stats_window: int = 100,
         start_method: str | None = None,
+        steps_per_message: int = 1,
+        shared_memory_mb: float | None = None,
     ) -> None:
         if not callable(factory):
             raise TypeError(
@@ -224,6 +259,14 @@ class AsyncSource(RemoteEpisodes):
             )
         if queue_size < 1:
             raise ValueError(f"queue_size must be >= 1, got {queue_size}")
+        if steps_per_message < 1:
+            raise ValueError(f"steps_per_message must be >= 1, got {steps_per_message}")
+        self.steps_per_message = int(steps_per_message)
+        if shared_memory_mb is not None and shared_memory_mb <= 0:
+            raise ValueError(f"shared_memory_mb must be > 0 (or None for no ring), got {shared_memory_mb}")
+        self.shared_memory_mb = shared_memory_mb
+        self._ring: tuple[torch.Tensor, Any] | None = None
+        self._reader: RingReader | None = None
         self.factory = factory
         self.policy = policy
         self.queue_size = int(queue_size)
@@ -274,6 +317,12 @@ class AsyncSource(RemoteEpisodes):
         if self._weights is not None:
             self._write_weights(weights_of(self.policy), self.version)
         counters = (self.counters.total_steps, self.counters.episodes_finished) if self._restore_counters else None
+        if self.shared_memory_mb is not None:
+            if self._ring is None:  # allocated once, reused by every incarnation (each starts at position 0)
+                ring = torch.empty(int(self.shared_memory_mb * 2**20), dtype=torch.uint8).share_memory_()
+                self._ring = (ring, self._ctx.Value("q", 0, lock=False))
+            self._ring[1].value = 0
+            self._reader = RingReader(*self._ring)
         self._data_q = self._ctx.Queue(maxsize=self.queue_size)
         self._stop = self._ctx.Event()
         self._proc = self._ctx.Process(
@@ -287,6 +336,8 @@ class AsyncSource(RemoteEpisodes):
                 self._version_value,
                 self._lock,
                 counters,
+                self.steps_per_message,
+                self._ring,
             ),
             name=f"ptl_rl-collector-{info.rank}",
             daemon=False,  # a daemonic process may not start children, and the collector's AsyncVectorEnv does
@@ -359,6 +410,8 @@ class AsyncSource(RemoteEpisodes):
                         f"(built by {getattr(self.factory, '__name__', self.factory)!r}; its traceback follows)\n{tb}"
                     )
                 _, batch, steps, episodes = message
+                if self._reader is not None:
+                    batch = self._reader.unpack(batch)
                 self.counters.add(steps, episodes)
                 batch = self.staleness.admit(batch, self.version)
                 if len(batch):
