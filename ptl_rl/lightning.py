@@ -369,6 +369,13 @@ class RLDataModule(DataModule):
         self.eval_env, self.eval_agent = eval_env, eval_agent
         self.eval_episodes, self.eval_seed = int(eval_episodes), eval_seed
         self._loader: PipelineLoader | None = None
+        if eval_env is None:
+            # No evaluation: Lightning must see no val/test loader at all, or it warns on every fit that a
+            # val_dataloader has no validation_step. It tells by comparing the method's code with its own
+            # base class's, and the two Lightning packages have different bases, so the loaders are hidden
+            # on the instance instead of redefined.
+            self.val_dataloader = None  # type: ignore[assignment]
+            self.test_dataloader = None  # type: ignore[assignment]
 
     def setup(self, stage: str) -> None:
         trainer = self.trainer

@@ -522,3 +522,25 @@ def test_a_standalone_buffer_stores_the_contract_dtypes_whatever_it_sees_first()
         bad["obs"] = bad.obs.astype(np.float64)
         buffer.add(bad)
     assert len(buffer) == 4
+
+
+def test_a_datamodule_without_evaluation_gives_lightning_no_val_loader_to_warn_about(L) -> None:
+    net, sampler = build_pipeline()
+
+    class NoValidation(L.LightningModule):  # a module with no validation_step, as most RL modules are
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch.obs).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    trainer = L.Trainer(max_steps=5, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(NoValidation(), datamodule=ptl_rl.RLDataModule(sampler, steps_per_epoch=10))
+    assert trainer.global_step == 5
+    assert not [w for w in caught if "val_dataloader" in str(w.message)]

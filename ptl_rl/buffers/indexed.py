@@ -161,6 +161,16 @@ class IndexedReplayBuffer(ReplayBuffer):
         return self._priority_draws().beta
 
     @property
+    def eps(self) -> float:
+        """Added to every priority before ``** alpha`` (prioritized only)."""
+        return self._priority_draws().eps
+
+    @property
+    def stratified(self) -> bool:
+        """Whether a batch draws one target per equal segment of the total weight."""
+        return self.draws.stratified
+
+    @property
     def stale_updates(self) -> int:
         """Priority updates ignored because their slot was overwritten since sampling."""
         return self._priority_draws().stale_updates

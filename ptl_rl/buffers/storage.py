@@ -140,6 +140,9 @@ class ArrayStorage:
                 f"batch fields differ from the stored ones: missing {missing}, unexpected {extra}. "
                 "Every batch added to one buffer must carry the same fields (and agent extras)."
             )
+        for name, store in self.fields.items():
+            if isinstance(store, dict):
+                _check_same_keys(name, store, batch[name])
         size = len(batch)
         for name, keys, dtype, shape in self._spec:
             leaf = batch[name]
@@ -208,6 +211,25 @@ class ArrayStorage:
             _write(self.fields[name], value, 0, self.size, 0, self.size)
         self.cursor = int(state["cursor"])
         self.total_added = int(state["total_added"])
+
+
+def _check_same_keys(path: str, stored: dict[str, Any], given: Any) -> None:
+    """Raise unless the dict field ``given`` has the stored keys at every level (an extra key would be dropped)."""
+    if not isinstance(given, dict):
+        raise ValueError(
+            f"field {path!r} is a {type(given).__name__}; the buffer stores a dict with keys {sorted(stored)} "
+            "(allocated from the first batch). Every batch must carry the same observation structure."
+        )
+    if given.keys() != stored.keys():
+        missing, extra = sorted(set(stored) - set(given)), sorted(set(given) - set(stored))
+        raise ValueError(
+            f"dict field {path!r} has keys {sorted(given)}; the buffer stores {sorted(stored)} (missing {missing}, "
+            f"unexpected {extra}). Every batch must carry the same observation keys; make the env's observation "
+            "space fixed, or store the extra key in another buffer."
+        )
+    for key, value in stored.items():
+        if isinstance(value, dict):
+            _check_same_keys(f"{path}.{key}", value, given[key])
 
 
 def _casts_to_contract(given: np.dtype, stored: np.dtype) -> bool:
