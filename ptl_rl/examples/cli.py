@@ -16,8 +16,9 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import gymnasium as gym
 from gymnasium import spaces
@@ -30,13 +31,17 @@ BURST_HELP = (
 )
 
 
-def example_parser(name: str, doc: str, *, default_env: str, default_env_steps: int) -> argparse.ArgumentParser:
+def example_parser(
+    name: str, doc: str, *, default_env: str, default_env_steps: int = 0, online: bool = True
+) -> argparse.ArgumentParser:
     """A parser whose usage line says ``python -m ptl_rl.examples.<name>``, with the flags every example shares.
 
     Groups: run (env, budget, seed, threads, accelerator), limits (``--time-limit``,
     ``--grad-clip``), logging (``--runs-dir``, ``--log-every``) and evaluation
     (periodic, confirmed, final). Defaults that differ per example are changed
-    with ``parser.set_defaults`` after the call.
+    with ``parser.set_defaults`` after the call. ``online=False`` (training from
+    a dataset) leaves out the env-step budget, the sub-envs and the periodic
+    evaluation: the env is only played in the final evaluation.
     """
     parser = argparse.ArgumentParser(
         prog=f"python -m ptl_rl.examples.{name}",
@@ -45,11 +50,13 @@ def example_parser(name: str, doc: str, *, default_env: str, default_env_steps: 
     )
     run = parser.add_argument_group("run")
     run.add_argument("--env-id", default=default_env, help="gymnasium env id ('module:Id' imports module first)")
-    run.add_argument(
-        "--env-steps", type=int, default=default_env_steps, help="budget of env steps (all sub-envs together)"
-    )
+    if online:
+        run.add_argument(
+            "--env-steps", type=int, default=default_env_steps, help="budget of env steps (all sub-envs together)"
+        )
     run.add_argument("--seed", type=int, default=0, help="seeds torch, numpy, the envs and the samplers")
-    run.add_argument("--num-envs", type=int, default=1, help="sub-envs of the training vector env")
+    if online:
+        run.add_argument("--num-envs", type=int, default=1, help="sub-envs of the training vector env")
     run.add_argument("--threads", type=int, default=1, help="torch CPU threads (torch.set_num_threads)")
     run.add_argument("--accelerator", default="cpu", help="Lightning accelerator; a small MLP is fastest on the CPU")
     run.add_argument(
@@ -67,7 +74,7 @@ def example_parser(name: str, doc: str, *, default_env: str, default_env_steps: 
         "--grad-clip",
         type=float,
         default=None,
-        help="clip the gradient norm of each optimizer step to this (none: no clipping)",
+        help="clip the gradient norm of each optimizer step to this (none or 0: no clipping)",
     )
     logs = parser.add_argument_group("logging")
     logs.add_argument(
@@ -83,6 +90,14 @@ def example_parser(name: str, doc: str, *, default_env: str, default_env_steps: 
         help="also write TensorBoard logs into the run directory (when tensorboard is installed)",
     )
     evaluation = parser.add_argument_group("evaluation")
+    if not online:
+        parser.set_defaults(env_steps=0, num_envs=1, eval_every=0, eval_episodes=1, solved_return=None)
+        parser.set_defaults(confirm_episodes=0)
+        evaluation.add_argument(
+            "--final-eval-episodes", type=int, default=100, help="fresh episodes of the evaluation after training"
+        )
+        parser.online = False  # read by parse(): no env-step budget to check
+        return parser
     evaluation.add_argument(
         "--eval-every", type=int, default=5_000, help="env steps between greedy evaluations (0: never)"
     )
@@ -92,7 +107,8 @@ def example_parser(name: str, doc: str, *, default_env: str, default_env_steps: 
         type=float,
         default=None,
         help="target return: once an evaluation reaches it and --confirm-episodes fresh episodes confirm it, "
-        "training stops (none: train the whole budget)",
+        "training stops (none: the env's reward_threshold from its gymnasium spec, e.g. 475 for CartPole-v1, "
+        "or the example's own target for its default env; inf: never stop early)",
     )
     evaluation.add_argument(
         "--confirm-episodes",
@@ -140,27 +156,39 @@ def parse(
     argv: Sequence[str] | None,
     action_spaces: tuple[type[spaces.Space], ...],
     algorithm: str,
+    *,
+    solved_returns: Mapping[str, float] | None = None,
     **check: bool,
 ) -> tuple[argparse.Namespace, gym.Env]:
     """Parse ``argv``, check the shared flags and the env (:func:`check_env`); returns the args and the closed env.
 
     The env check builds the env once, so a typo or an env the algorithm
-    cannot run ends here, before torch and Lightning are imported.
+    cannot run ends here, before torch and Lightning are imported. Without
+    ``--solved-return`` the target is the env's registered ``reward_threshold``,
+    else ``solved_returns[env_id]`` (targets for envs registered without one,
+    e.g. ``{"Pendulum-v1": -200.0}``), else none.
     """
     args = parser.parse_args(argv)
-    for flag in ("env_steps", "num_envs", "threads", "log_every", "eval_episodes"):
+    online = getattr(parser, "online", True)
+    for flag in ("env_steps", "num_envs", "threads", "log_every", "eval_episodes")[0 if online else 2 :]:
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     for flag in ("train_freq", "gradient_steps"):
         if getattr(args, flag, 1) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    if args.grad_clip is not None and args.grad_clip <= 0:
-        parser.error(f"--grad-clip must be > 0 (leave it out for no clipping), got {args.grad_clip}")
+    if args.grad_clip is not None and args.grad_clip < 0:
+        parser.error(f"--grad-clip must be >= 0 (0: no clipping), got {args.grad_clip}")
+    args.grad_clip = args.grad_clip or None
     if args.confirm_episodes is None:
         args.confirm_episodes = args.eval_episodes
     if args.confirm_episodes < 0 or args.final_eval_episodes < 0 or args.eval_every < 0:
         parser.error("--confirm-episodes, --final-eval-episodes and --eval-every must be >= 0")
     env = check_env(parser, args.env_id, action_spaces, algorithm, **check)
+    if args.solved_return is None:
+        threshold = getattr(env.spec, "reward_threshold", None)
+        args.solved_return = threshold if threshold is not None else (solved_returns or {}).get(args.env_id)
+    if args.solved_return is not None and not math.isfinite(args.solved_return):
+        args.solved_return = None  # inf: never stop early
     return args, env
 
 
