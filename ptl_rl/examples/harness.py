@@ -294,7 +294,10 @@ def run(experiment: Experiment) -> dict[str, Any]:
     if run_dir is not None:
         run_dir.write_json("summary.json", summary)
         run_dir.close()
+        step = env_steps() if source is not None else recorder.batches
         for logger in loggers:
+            if args.final_eval_episodes:  # also the row that makes metrics.csv exist after a run too short to log
+                logger.log_metrics({"eval/final_return_mean": final_return}, step=step)
             logger.finalize("success")
     return summary
 
