@@ -163,6 +163,9 @@ def episode_source(pipeline: Any) -> Any:
 
 def full_config(experiment: Experiment) -> dict[str, Any]:
     """The flags, the derived settings and the module's class: what ``config.json`` and ``hparams.yaml`` hold."""
+    clash = set(vars(experiment.args)) & set(experiment.config)
+    if clash:  # a derived setting must not hide the flag it came from
+        raise ValueError(f"Experiment.config repeats the flags {sorted(clash)}; name the derived settings apart")
     return {
         "algo": experiment.algo,
         "module": type(experiment.model).__name__,
@@ -251,7 +254,16 @@ def run(experiment: Experiment) -> dict[str, Any]:
         enable_progress_bar=args.progress_bar,
         callbacks=callbacks,
     )
-    trainer.fit(model, train_dataloaders=experiment.loader)
+    try:
+        trainer.fit(model, train_dataloaders=experiment.loader)
+    except BaseException as error:  # Ctrl-C ends fit with SystemExit: the run directory still says what happened
+        if run_dir is not None:
+            partial = {"algo": experiment.algo, "env_id": args.env_id, "seed": args.seed,
+                       "stopped": f"interrupted ({type(error).__name__})", "env_steps": env_steps(),
+                       "gradient_steps": recorder.batches, "wall_time_s": time.perf_counter() - start}  # fmt: skip
+            run_dir.write_json("summary.json", partial)
+            run_dir.close()
+        raise
     train_time = time.perf_counter() - start
     stopped = stop_reason(trainer, experiment, evaluation)
 

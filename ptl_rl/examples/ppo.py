@@ -209,7 +209,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 "action_space": str(env.single_action_space),
                 "num_rollouts": num_rollouts,
                 "batch_size": args.num_envs * args.steps_per_env // args.num_minibatches,
-                "anneal": f"lr and clip linear to 0 over {num_rollouts} rollouts" if args.anneal else None,
+                "anneal_schedule": f"lr and clip linear to 0 over {num_rollouts} rollouts" if args.anneal else None,
             },
             extra_summary=lambda: {"rollouts": rollout.rollouts_collected},
             log_every=rollout.batches_per_rollout,  # once per rollout
