@@ -73,8 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="normal: independent Gaussian noise each step; ou: Ornstein-Uhlenbeck noise, correlated over "
         "about 1/--noise-theta env steps and restarted at each episode start",
     )
-    n.add_argument("--noise-std", type=float, default=0.5, help="standard deviation of the noise (stationary, for ou)")
-    n.add_argument("--noise-theta", type=float, default=0.05, help="ou: mean reversion per env step, in (0, 1]")
+    n.add_argument("--noise-std", type=float, default=0.6, help="standard deviation of the noise (stationary, for ou)")
+    n.add_argument("--noise-theta", type=float, default=0.02, help="ou: mean reversion per env step, in (0, 1]")
     # fails here, with the usage line, for a mistyped or unsuitable env: before the imports below
     args = cli.parse(p, argv, (spaces.Box,), "SAC", solved_returns={"Pendulum-v1": -200.0})[0]
     if args.noise_std < 0 or not 0 < args.noise_theta <= 1:
