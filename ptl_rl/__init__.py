@@ -1,107 +1,196 @@
 """ptl_rl: composable experience pipelines that feed PyTorch Lightning.
 
 ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler -> to_dataloader
+
+The public names below are imported on first use (PEP 562 ``__getattr__``),
+not by ``import ptl_rl``: they load torch and Lightning, about 10 s on a busy
+CPU, and a command line such as ``python -m ptl_rl.examples.dqn --help``
+(whose parent package is this one) should answer before that. Type checkers
+and IDEs see them through the ``TYPE_CHECKING`` imports.
 """
 
-from ptl_rl.agents import (
-    ActorCriticAgent,
-    DeterministicActorAgent,
-    DQNAgent,
-    PolicyAgent,
-    StochasticPolicyAgent,
-    TargetNet,
-    obs_to_tensor,
-)
-from ptl_rl.batch import BOLTS_FIELDS, CORE_FIELDS, TorchBatch, TransitionBatch
-from ptl_rl.buffers import (
-    ArrayStorage,
-    FrameStorage,
-    PrioritizedReplayBuffer,
-    ReplayBuffer,
-    RolloutBuffer,
-    SequenceReplayBuffer,
-    SumTree,
-)
-from ptl_rl.callbacks import EnvStepLimit, EpisodeStatsLogger, PeriodicEvaluation, PipelineProfiler
-from ptl_rl.distributions import ActionRescaler, action_head
-from ptl_rl.evaluation import EvaluationDataset, evaluate, evaluation_dataloader, run_episodes
-from ptl_rl.gae import compute_gae
-from ptl_rl.lightning import (
-    CHECKPOINT_KEY,
-    EvaluationMixin,
-    PipelineCheckpoint,
-    PipelineDataset,
-    PipelineLoader,
-    RLDataModule,
-    to_dataloader,
-)
-from ptl_rl.nstep import NStepTransform
-from ptl_rl.offline import MinariRecorder, MinariSource, minari_replay_buffer, open_minari_dataset
-from ptl_rl.profiling import PipelineProfile, profile, set_profiling
-from ptl_rl.ranks import assign_rank, rank_seed
-from ptl_rl.sampler import BatchSampler
-from ptl_rl.schedules import LinearSchedule
-from ptl_rl.selectors import ArgmaxSelector, EpsilonGreedySelector
-from ptl_rl.source import Episode, ExperienceSource
-from ptl_rl.stages import find_stage, load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# public name -> the module that defines it
+_PUBLIC_API: dict[str, str] = {
+    "ActorCriticAgent": "ptl_rl.agents",
+    "DeterministicActorAgent": "ptl_rl.agents",
+    "DQNAgent": "ptl_rl.agents",
+    "PolicyAgent": "ptl_rl.agents",
+    "StochasticPolicyAgent": "ptl_rl.agents",
+    "TargetNet": "ptl_rl.agents",
+    "obs_to_tensor": "ptl_rl.agents",
+    "BOLTS_FIELDS": "ptl_rl.batch",
+    "CORE_FIELDS": "ptl_rl.batch",
+    "TorchBatch": "ptl_rl.batch",
+    "TransitionBatch": "ptl_rl.batch",
+    "ArrayStorage": "ptl_rl.buffers",
+    "FrameStorage": "ptl_rl.buffers",
+    "MemmapStorage": "ptl_rl.buffers",
+    "PrioritizedReplayBuffer": "ptl_rl.buffers",
+    "ReplayBuffer": "ptl_rl.buffers",
+    "RolloutBuffer": "ptl_rl.buffers",
+    "SequenceReplayBuffer": "ptl_rl.buffers",
+    "SumTree": "ptl_rl.buffers",
+    "EnvStepLimit": "ptl_rl.callbacks",
+    "EpisodeStatsLogger": "ptl_rl.callbacks",
+    "PeriodicEvaluation": "ptl_rl.callbacks",
+    "PipelineProfiler": "ptl_rl.callbacks",
+    "ActionRescaler": "ptl_rl.distributions",
+    "action_head": "ptl_rl.distributions",
+    "EvaluationDataset": "ptl_rl.evaluation",
+    "evaluate": "ptl_rl.evaluation",
+    "evaluation_dataloader": "ptl_rl.evaluation",
+    "run_episodes": "ptl_rl.evaluation",
+    "compute_gae": "ptl_rl.gae",
+    "CHECKPOINT_KEY": "ptl_rl.lightning",
+    "EvaluationMixin": "ptl_rl.lightning",
+    "PipelineCheckpoint": "ptl_rl.lightning",
+    "PipelineDataset": "ptl_rl.lightning",
+    "PipelineLoader": "ptl_rl.lightning",
+    "RLDataModule": "ptl_rl.lightning",
+    "to_dataloader": "ptl_rl.lightning",
+    "NStepTransform": "ptl_rl.nstep",
+    "MinariRecorder": "ptl_rl.offline",
+    "MinariSource": "ptl_rl.offline",
+    "minari_replay_buffer": "ptl_rl.offline",
+    "open_minari_dataset": "ptl_rl.offline",
+    "PipelineProfile": "ptl_rl.profiling",
+    "profile": "ptl_rl.profiling",
+    "set_profiling": "ptl_rl.profiling",
+    "assign_rank": "ptl_rl.ranks",
+    "rank_seed": "ptl_rl.ranks",
+    "BatchSampler": "ptl_rl.sampler",
+    "LinearSchedule": "ptl_rl.schedules",
+    "ArgmaxSelector": "ptl_rl.selectors",
+    "EpsilonGreedySelector": "ptl_rl.selectors",
+    "Episode": "ptl_rl.source",
+    "ExperienceSource": "ptl_rl.source",
+    "find_stage": "ptl_rl.stages",
+    "load_pipeline_state_dict": "ptl_rl.stages",
+    "pipeline_stages": "ptl_rl.stages",
+    "pipeline_state_dict": "ptl_rl.stages",
+}
+
 __all__ = [
-    "BOLTS_FIELDS",
-    "CHECKPOINT_KEY",
-    "CORE_FIELDS",
-    "EvaluationDataset",
-    "EvaluationMixin",
-    "PipelineCheckpoint",
-    "PipelineLoader",
-    "PipelineProfile",
-    "PipelineProfiler",
-    "profile",
-    "set_profiling",
-    "assign_rank",
-    "evaluation_dataloader",
-    "rank_seed",
-    "run_episodes",
     "ActionRescaler",
     "ActorCriticAgent",
-    "DeterministicActorAgent",
-    "RolloutBuffer",
-    "StochasticPolicyAgent",
-    "action_head",
-    "compute_gae",
     "ArgmaxSelector",
     "ArrayStorage",
-    "FrameStorage",
+    "BOLTS_FIELDS",
     "BatchSampler",
+    "CHECKPOINT_KEY",
+    "CORE_FIELDS",
     "DQNAgent",
+    "DeterministicActorAgent",
     "EnvStepLimit",
     "Episode",
     "EpisodeStatsLogger",
     "EpsilonGreedySelector",
+    "EvaluationDataset",
+    "EvaluationMixin",
     "ExperienceSource",
+    "FrameStorage",
     "LinearSchedule",
+    "MemmapStorage",
     "MinariRecorder",
     "MinariSource",
     "NStepTransform",
     "PeriodicEvaluation",
+    "PipelineCheckpoint",
     "PipelineDataset",
+    "PipelineLoader",
+    "PipelineProfile",
+    "PipelineProfiler",
     "PolicyAgent",
     "PrioritizedReplayBuffer",
-    "SequenceReplayBuffer",
-    "SumTree",
     "RLDataModule",
     "ReplayBuffer",
+    "RolloutBuffer",
+    "SequenceReplayBuffer",
+    "StochasticPolicyAgent",
+    "SumTree",
     "TargetNet",
     "TorchBatch",
     "TransitionBatch",
+    "action_head",
+    "assign_rank",
+    "compute_gae",
     "evaluate",
+    "evaluation_dataloader",
     "find_stage",
     "load_pipeline_state_dict",
     "minari_replay_buffer",
-    "open_minari_dataset",
     "obs_to_tensor",
+    "open_minari_dataset",
     "pipeline_stages",
     "pipeline_state_dict",
+    "profile",
+    "rank_seed",
+    "run_episodes",
+    "set_profiling",
     "to_dataloader",
 ]
+
+if TYPE_CHECKING:
+    from ptl_rl.agents import (
+        ActorCriticAgent,
+        DeterministicActorAgent,
+        DQNAgent,
+        PolicyAgent,
+        StochasticPolicyAgent,
+        TargetNet,
+        obs_to_tensor,
+    )
+    from ptl_rl.batch import BOLTS_FIELDS, CORE_FIELDS, TorchBatch, TransitionBatch
+    from ptl_rl.buffers import (
+        ArrayStorage,
+        FrameStorage,
+        MemmapStorage,
+        PrioritizedReplayBuffer,
+        ReplayBuffer,
+        RolloutBuffer,
+        SequenceReplayBuffer,
+        SumTree,
+    )
+    from ptl_rl.callbacks import EnvStepLimit, EpisodeStatsLogger, PeriodicEvaluation, PipelineProfiler
+    from ptl_rl.distributions import ActionRescaler, action_head
+    from ptl_rl.evaluation import EvaluationDataset, evaluate, evaluation_dataloader, run_episodes
+    from ptl_rl.gae import compute_gae
+    from ptl_rl.lightning import (
+        CHECKPOINT_KEY,
+        EvaluationMixin,
+        PipelineCheckpoint,
+        PipelineDataset,
+        PipelineLoader,
+        RLDataModule,
+        to_dataloader,
+    )
+    from ptl_rl.nstep import NStepTransform
+    from ptl_rl.offline import MinariRecorder, MinariSource, minari_replay_buffer, open_minari_dataset
+    from ptl_rl.profiling import PipelineProfile, profile, set_profiling
+    from ptl_rl.ranks import assign_rank, rank_seed
+    from ptl_rl.sampler import BatchSampler
+    from ptl_rl.schedules import LinearSchedule
+    from ptl_rl.selectors import ArgmaxSelector, EpsilonGreedySelector
+    from ptl_rl.source import Episode, ExperienceSource
+    from ptl_rl.stages import find_stage, load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module on first access (see the module docstring)."""
+    module = _PUBLIC_API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ptl_rl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later accesses find it directly
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -9,6 +9,8 @@ import torch
 
 from ptl_rl.examples import dqn
 
+QUIET = ["--no-progress-bar", "--runs-dir", ""]  # no run directory: tests/test_examples_cli.py checks those
+
 
 @pytest.fixture
 def restore_torch_threads():
@@ -35,14 +37,14 @@ def train_and_check_solved(argv: list[str]) -> dict[str, Any]:
 @pytest.mark.learning
 def test_dqn_solves_cartpole_within_50k_env_steps(restore_torch_threads) -> None:
     # the CLI defaults, one seed: python -m ptl_rl.examples.dqn --env-id CartPole-v1 --env-steps 50000 --seed 0
-    train_and_check_solved(["--env-id", "CartPole-v1", "--env-steps", "50000", "--seed", "0", "--no-progress-bar"])
+    train_and_check_solved(["--env-id", "CartPole-v1", "--env-steps", "50000", "--seed", "0", *QUIET])
 
 
 @pytest.mark.learning
 def test_rainbow_lite_dqn_solves_cartpole_within_50k_env_steps(restore_torch_threads) -> None:
     # prioritized replay + 3-step returns + dueling head, one seed:
     # python -m ptl_rl.examples.dqn --rainbow --env-id CartPole-v1 --env-steps 50000 --seed 0
-    argv = ["--rainbow", "--env-id", "CartPole-v1", "--env-steps", "50000", "--seed", "0", "--no-progress-bar"]
+    argv = ["--rainbow", "--env-id", "CartPole-v1", "--env-steps", "50000", "--seed", "0", *QUIET]
     args = dqn.parse_args(argv)
     assert (args.prioritized, args.dueling, args.n_step) == (True, True, 3)
     train_and_check_solved(argv)

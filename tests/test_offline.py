@@ -389,7 +389,7 @@ def test_behaviour_cloning_from_a_recorded_expert_solves_cartpole(restore_torch_
     # python -m ptl_rl.examples.offline_bc --seed 0: record 20 PD-expert episodes, clone them for 1000 steps
     from ptl_rl.examples import offline_bc
 
-    args = offline_bc.parse_args(["--seed", "0", "--no-progress-bar"])
+    args = offline_bc.parse_args(["--seed", "0", "--no-progress-bar", "--runs-dir", ""])
     dataset = offline_bc.record_dataset("ptl_rl/cartpole-pd-expert-s0-v0", args)
     assert dataset.total_episodes == args.record_episodes
     assert dataset.recover_environment().spec.id == "CartPole-v1"  # the env spec was stored

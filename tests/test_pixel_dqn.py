@@ -12,13 +12,13 @@ CATCH_ARGS = [
     "--buffer-size", "5000", "--extra-frames", "2000", "--learning-starts", "500", "--batch-size", "64",
     "--train-every", "4", "--lr", "1e-3", "--target-sync-every", "100", "--eps-fraction", "0.4", "--eps-end", "0.05",
     "--n-step", "3", "--eval-every", "1000", "--eval-episodes", "50", "--solved-return", "0.95",
-    "--final-eval-episodes", "50", "--no-progress-bar", "--accelerator", "cpu", "--log-every", "100",
+    "--final-eval-episodes", "50", "--no-progress-bar", "--accelerator", "cpu", "--log-every", "100", "--runs-dir", "",
 ]  # fmt: skip
 
 PONG_ARGS = [
     "--env-id", "ALE/Pong-v5", "--env-steps", "2000", "--num-envs", "4", "--buffer-size", "3000",
     "--learning-starts", "1000", "--train-every", "16", "--eval-every", "0", "--final-eval-episodes", "0",
-    "--no-progress-bar", "--accelerator", "cpu", "--log-every", "50",
+    "--no-progress-bar", "--accelerator", "cpu", "--log-every", "50", "--runs-dir", "",
 ]  # fmt: skip
 
 

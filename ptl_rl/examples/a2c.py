@@ -4,75 +4,68 @@
 
 Read it top to bottom, CleanRL style:
 
-1. ``parse_args``: every hyperparameter is a flag; the defaults are
+1. ``parse_args``: every hyperparameter is a flag (the shared ones come from
+   ``ptl_rl.examples.cli``, parsed before torch is imported); the defaults are
    rl-baselines3-zoo's A2C for CartPole-v1 (8 envs, 5-step rollouts, RMSprop,
-   no advantage normalization, lambda 1: n-step returns bootstrapped by the critic).
+   no advantage normalization, lambda 1: n-step returns bootstrapped by the
+   critic, gradient norm clipped to 0.5).
 2. ``actor_critic``: separate MLPs for the policy and the value.
 3. ``A2C``: the LightningModule. Each ``training_step`` gets a whole rollout
    (``RolloutBuffer`` with one epoch of one minibatch) and takes one
    policy-gradient + value-regression step. A Lightning epoch here spans
    ``--rollouts-per-epoch`` rollouts (a multiple of the rollout length is all
    the DataLoader needs, and per-epoch overhead stays small).
-4. ``ptl_rl.PeriodicEvaluation`` (a callback): every ``--eval-every`` env steps, run the greedy
-   policy on a separate env; stop once its mean return reaches ``--solved-return``
-   (the env-step count at that point is "steps to 475").
-5. ``train``: builds the vector env, the ``ActorCriticAgent`` and the pipeline
-   ``ExperienceSource -> RolloutBuffer``, fits, and evaluates the final weights.
+4. ``train``: builds the vector env, the ``ActorCriticAgent`` and the pipeline
+   ``ExperienceSource -> RolloutBuffer``, and hands them to
+   ``ptl_rl.examples.harness.run``: every ``--eval-every`` env steps the greedy
+   policy plays on a separate env, and training stops once its mean return
+   reaches ``--solved-return`` and fresh episodes confirm it (the env-step count
+   then is "steps to 475"); then the final evaluation and the run directory.
 """
 
+# ruff: noqa: E402 - torch, Lightning and ptl_rl's stages are imported after parse_args on purpose (see below)
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any
+
+from gymnasium import spaces
+
+from ptl_rl.examples import cli
+
+
+# ---------------------------------------------------------------------------- arguments
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = cli.example_parser("a2c", __doc__, default_env="CartPole-v1", default_env_steps=500_000)
+    p.set_defaults(num_envs=8, grad_clip=0.5)
+    a = p.add_argument_group("A2C")
+    a.add_argument("--steps-per-env", type=int, default=5, help="transitions per sub-env per rollout (the n)")
+    a.add_argument("--rollouts-per-epoch", type=int, default=100, help="rollouts (gradient steps) per Lightning epoch")
+    a.add_argument("--gamma", type=float, default=0.99, help="discount factor")
+    a.add_argument("--gae-lambda", type=float, default=1.0, help="1.0: plain bootstrapped n-step returns")
+    a.add_argument("--lr", type=float, default=7e-4, help="RMSprop learning rate")
+    a.add_argument("--ent-coef", type=float, default=0.0, help="weight of the entropy bonus")
+    a.add_argument("--vf-coef", type=float, default=0.5, help="weight of the value loss")
+    a.add_argument(
+        "--norm-adv", default="none", choices=["minibatch", "rollout", "none"], help="advantage normalization"
+    )
+    a.add_argument("--hidden", type=int, default=64, help="width of the two hidden layers")
+    # fails here, with the usage line, for a mistyped or unsuitable env: before the imports below
+    box_or_discrete = (spaces.Discrete, spaces.MultiDiscrete, spaces.Box)
+    return cli.parse(p, argv, box_or_discrete, "A2C")[0]
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help and argument errors end here, in about a second
 
 import gymnasium as gym
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import TQDMProgressBar
-from pytorch_lightning.loggers import CSVLogger
 from torch import nn
 
 import ptl_rl
-from ptl_rl.examples.cli import check_env
-
-
-# ---------------------------------------------------------------------------- arguments
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    # run
-    p.add_argument("--env-id", default="CartPole-v1", help="gymnasium id (Discrete, MultiDiscrete or 1-d Box actions)")
-    p.add_argument("--env-steps", type=int, default=500_000, help="budget of environment steps (all sub-envs together)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-envs", type=int, default=8, help="sub-envs of the training vector env")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (torch.set_num_threads)")
-    p.add_argument("--accelerator", default="cpu", help="Lightning accelerator; a small MLP is fastest on the CPU")
-    p.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--log-dir", default="", help="write metrics with a CSVLogger there (empty: no logger)")
-    p.add_argument("--log-every", type=int, default=100, help="gradient steps between logged metrics")
-    # algorithm
-    p.add_argument("--steps-per-env", type=int, default=5, help="transitions per sub-env per rollout (the n)")
-    p.add_argument("--rollouts-per-epoch", type=int, default=100, help="rollouts (gradient steps) per Lightning epoch")
-    p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--gae-lambda", type=float, default=1.0, help="1.0: plain bootstrapped n-step returns")
-    p.add_argument("--lr", type=float, default=7e-4)
-    p.add_argument("--ent-coef", type=float, default=0.0)
-    p.add_argument("--vf-coef", type=float, default=0.5)
-    p.add_argument("--max-grad-norm", type=float, default=0.5)
-    p.add_argument("--norm-adv", default="none", choices=["minibatch", "rollout", "none"])
-    p.add_argument("--hidden", type=int, default=64, help="width of the two hidden layers")
-    # evaluation
-    p.add_argument("--eval-every", type=int, default=5_000, help="env steps between greedy evaluations (0: never)")
-    p.add_argument("--eval-episodes", type=int, default=20)
-    p.add_argument("--solved-return", type=float, default=475.0, help="stop once the greedy mean return reaches it")
-    p.add_argument("--final-eval-episodes", type=int, default=100)
-    args = p.parse_args(argv)
-    # fail here, with the usage line, rather than with a traceback after the setup
-    check_env(p, args.env_id, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box), "A2C")
-    return args
+from ptl_rl.examples import harness
 
 
 # ---------------------------------------------------------------------------- networks
@@ -141,13 +134,9 @@ def greedy_agent(actor: nn.Module, env: gym.vector.VectorEnv) -> ptl_rl.Stochast
 
 # ---------------------------------------------------------------------------- training
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Train, then evaluate the final weights; returns the run's summary."""
-    start = time.perf_counter()
-    torch.set_num_threads(args.threads)
-    pl.seed_everything(args.seed, verbose=False)
-
+    """Train, then evaluate the final weights; returns the run's summary (see ``harness.run``)."""
+    harness.set_up(args)
     env = make_env(args.env_id, args.num_envs)
-    eval_env = make_env(args.env_id, args.eval_episodes)
     obs_dim = int(np.prod(env.single_observation_space.shape))
     model = A2C(obs_dim, env.single_action_space, args)
 
@@ -164,69 +153,27 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     )
     # an epoch length that is a multiple of batches_per_rollout (= 1 here); sized, so Lightning never prefetches
     loader = ptl_rl.to_dataloader(rollout, steps_per_epoch=args.rollouts_per_epoch * rollout.batches_per_rollout)
-
-    evaluation = ptl_rl.PeriodicEvaluation(
-        rollout,
-        eval_env,
-        lambda module: greedy_agent(module.actor, eval_env),
-        every_env_steps=args.eval_every,
-        episodes=args.eval_episodes,
-        stop_at_return=args.solved_return,
-        seed=args.seed + 10_000,
+    return harness.run(
+        harness.Experiment(
+            "a2c",
+            args,
+            model,
+            rollout,
+            loader,
+            make_env=lambda n: make_env(args.env_id, n),
+            greedy_agent=lambda module: greedy_agent(module.actor, env),
+            config={"obs_dim": obs_dim, "action_space": str(env.single_action_space)},
+        )
     )
-    callbacks: list[pl.Callback] = [
-        ptl_rl.EpisodeStatsLogger(rollout, every_n_steps=args.log_every),
-        ptl_rl.EnvStepLimit(rollout, args.env_steps),
-        evaluation,
-    ]
-    if args.progress_bar:
-        callbacks.append(TQDMProgressBar(refresh_rate=args.log_every))
-    trainer = pl.Trainer(
-        accelerator=args.accelerator,
-        devices=1,
-        max_epochs=-1,
-        gradient_clip_val=args.max_grad_norm,
-        logger=CSVLogger(args.log_dir, name=f"a2c_{args.env_id}_{args.seed}") if args.log_dir else False,
-        log_every_n_steps=args.log_every,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=args.progress_bar,
-        callbacks=callbacks,
-    )
-    trainer.fit(model, train_dataloaders=loader)
-    train_time = time.perf_counter() - start
-
-    final_env = make_env(args.env_id, args.final_eval_episodes)
-    final_agent = greedy_agent(model.actor.cpu(), final_env)
-    final_return = float(
-        ptl_rl.evaluate(final_env, final_agent, args.final_eval_episodes, seed=args.seed + 1_000_000).mean()
-    )
-    for e in (env, eval_env, final_env):
-        e.close()
-    return {
-        "final_eval_return": final_return,
-        "env_steps": source.total_steps,
-        "gradient_steps": trainer.global_step,
-        "solved_at_env_steps": evaluation.solved_at,
-        "solved_after_s": evaluation.solved_after_s,
-        "eval_history": evaluation.history,
-        "train_time_s": train_time,
-        "wall_time_s": time.perf_counter() - start,
-    }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    result = train(args)
-    solved = result["solved_at_env_steps"]
-    print(
-        f"{args.env_id} seed {args.seed}: "
-        + (f"solved at {solved} env steps ({result['solved_after_s']:.1f} s)" if solved is not None else "not solved")
-        + f"; final greedy return {result['final_eval_return']:.1f} over {args.final_eval_episodes} fresh episodes; "
-        f"{result['env_steps']} env steps, {result['gradient_steps']} gradient steps, {result['wall_time_s']:.1f} s"
-    )
-    return result
+def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
+    """Parse ``argv`` (or take parsed args), train, print a one-line report; returns the summary."""
+    args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv)
+    summary = train(args)
+    print(harness.report(summary))
+    return summary
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

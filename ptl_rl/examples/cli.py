@@ -1,9 +1,14 @@
-"""Command-line checks shared by the examples: reject an env the algorithm cannot run, before any training setup.
+"""The examples' command line: the flags every example shares, and the env check, all before any heavy import.
 
-Each example's ``parse_args`` calls :func:`check_env` right after parsing,
-so an unknown env id or an unsupported action space ends with argparse's
-usage line and a one-line reason (exit status 2) instead of a traceback from
-deep inside the run.
+An example builds its parser with :func:`example_parser` (the run, logging,
+limits and evaluation flags), adds its algorithm's flags, and finishes with
+:func:`parse`, which also runs :func:`check_env`. Only ``argparse`` and
+``gymnasium`` are imported here: ``--help`` and a mistyped env id answer in
+about a second, without loading torch or Lightning (the examples import those
+inside ``train``, after parsing).
+
+Errors end with argparse's usage line and a one-line reason (exit status 2)
+instead of a traceback from deep inside the run.
 """
 
 from __future__ import annotations
@@ -11,10 +16,180 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import math
+import re
+from collections.abc import Mapping, Sequence
 
 import gymnasium as gym
 from gymnasium import spaces
 from gymnasium.envs.registration import registry
+
+#: flags of the off-policy examples' burst training that other flags are checked against
+BURST_HELP = (
+    "burst training as SB3's train_freq/gradient_steps: every --train-freq env steps (all sub-envs together; "
+    "one vector step brings --num-envs of them), take --gradient-steps gradient steps"
+)
+
+
+def example_parser(
+    name: str, doc: str, *, default_env: str, default_env_steps: int = 0, online: bool = True
+) -> argparse.ArgumentParser:
+    """A parser whose usage line says ``python -m ptl_rl.examples.<name>``, with the flags every example shares.
+
+    Groups: run (env, budget, seed, threads, accelerator), limits (``--time-limit``,
+    ``--grad-clip``), logging (``--runs-dir``, ``--log-every``) and evaluation
+    (periodic, confirmed, final). Defaults that differ per example are changed
+    with ``parser.set_defaults`` after the call. ``online=False`` (training from
+    a dataset) leaves out the env-step budget, the sub-envs and the periodic
+    evaluation: the env is only played in the final evaluation.
+    """
+    parser = argparse.ArgumentParser(
+        prog=f"python -m ptl_rl.examples.{name}",
+        description=doc.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    run = parser.add_argument_group("run")
+    run.add_argument("--env-id", default=default_env, help="gymnasium env id ('module:Id' imports module first)")
+    if online:
+        run.add_argument(
+            "--env-steps", type=int, default=default_env_steps, help="budget of env steps (all sub-envs together)"
+        )
+    run.add_argument("--seed", type=int, default=0, help="seeds torch, numpy, the envs and the samplers")
+    if online:
+        run.add_argument("--num-envs", type=int, default=1, help="sub-envs of the training vector env")
+    run.add_argument("--threads", type=int, default=1, help="torch CPU threads (torch.set_num_threads)")
+    run.add_argument("--accelerator", default="cpu", help="Lightning accelerator; a small MLP is fastest on the CPU")
+    run.add_argument(
+        "--progress-bar", action=argparse.BooleanOptionalAction, default=True, help="show Lightning's progress bar"
+    )
+    limits = parser.add_argument_group("limits")
+    limits.add_argument(
+        "--time-limit",
+        type=time_limit,
+        default=None,
+        metavar="[[HH:]MM:]SS",
+        help="stop training after this wall-clock time (e.g. 01:30:00 or 5400); the final evaluation still runs",
+    )
+    limits.add_argument(
+        "--grad-clip",
+        type=float,
+        default=None,
+        help="clip the gradient norm of each optimizer step to this (none or 0: no clipping)",
+    )
+    logs = parser.add_argument_group("logging")
+    logs.add_argument(
+        "--runs-dir",
+        default="runs",
+        help="each run writes its directory <runs-dir>/<algo>_<env>_<seed>_<time>/ here (empty: write nothing)",
+    )
+    logs.add_argument("--log-every", type=int, default=100, help="gradient steps between logged training metrics")
+    logs.add_argument(
+        "--tensorboard",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also write TensorBoard logs into the run directory (when tensorboard is installed)",
+    )
+    evaluation = parser.add_argument_group("evaluation")
+    if not online:
+        parser.set_defaults(env_steps=0, num_envs=1, eval_every=0, eval_episodes=1, solved_return=None)
+        parser.set_defaults(confirm_episodes=0)
+        evaluation.add_argument(
+            "--final-eval-episodes", type=int, default=100, help="fresh episodes of the evaluation after training"
+        )
+        parser.online = False  # read by parse(): no env-step budget to check
+        return parser
+    evaluation.add_argument(
+        "--eval-every", type=int, default=5_000, help="env steps between greedy evaluations (0: never)"
+    )
+    evaluation.add_argument("--eval-episodes", type=int, default=20, help="episodes per greedy evaluation")
+    evaluation.add_argument(
+        "--solved-return",
+        type=float,
+        default=None,
+        help="target return: once an evaluation reaches it and --confirm-episodes fresh episodes confirm it, "
+        "training stops (none: the env's reward_threshold from its gymnasium spec, e.g. 475 for CartPole-v1, "
+        "or the example's own target for its default env; inf: never stop early)",
+    )
+    evaluation.add_argument(
+        "--confirm-episodes",
+        type=int,
+        default=None,
+        help="fresh episodes (new seeds) that must also reach --solved-return before stopping; a failed "
+        "confirmation keeps training (none: as many as --eval-episodes; 0: stop at the first crossing)",
+    )
+    evaluation.add_argument(
+        "--final-eval-episodes", type=int, default=100, help="fresh episodes of the final greedy evaluation (0: none)"
+    )
+    return parser
+
+
+def add_burst_flags(parser: argparse.ArgumentParser, train_freq: int, gradient_steps: int = 1) -> None:
+    """``--train-freq K --gradient-steps G`` of the off-policy examples (``--train-every K`` stays an alias)."""
+    group = parser.add_argument_group("burst training", BURST_HELP)
+    group.add_argument(
+        "--train-freq",
+        "--train-every",
+        dest="train_freq",
+        type=int,
+        default=train_freq,
+        help="env steps collected between bursts of gradient steps (the replay's transitions_per_yield)",
+    )
+    group.add_argument(
+        "--gradient-steps", type=int, default=gradient_steps, help="gradient steps per burst (batches per yield)"
+    )
+
+
+def time_limit(text: str) -> float:
+    """``"SS"``, ``"MM:SS"`` or ``"HH:MM:SS"`` (seconds may have a fraction) -> seconds, for ``--time-limit``."""
+    if not re.fullmatch(r"\d+(\.\d*)?|(\d+:){1,2}\d+(\.\d*)?", text.strip()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not SS, MM:SS or HH:MM:SS (e.g. 01:30:00 or 5400)")
+    seconds = 0.0
+    for part in text.strip().split(":"):
+        seconds = seconds * 60 + float(part)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the time limit must be positive")
+    return seconds
+
+
+def parse(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    action_spaces: tuple[type[spaces.Space], ...],
+    algorithm: str,
+    *,
+    solved_returns: Mapping[str, float] | None = None,
+    **check: bool,
+) -> tuple[argparse.Namespace, gym.Env]:
+    """Parse ``argv``, check the shared flags and the env (:func:`check_env`); returns the args and the closed env.
+
+    The env check builds the env once, so a typo or an env the algorithm
+    cannot run ends here, before torch and Lightning are imported. Without
+    ``--solved-return`` the target is the env's registered ``reward_threshold``,
+    else ``solved_returns[env_id]`` (targets for envs registered without one,
+    e.g. ``{"Pendulum-v1": -200.0}``), else none.
+    """
+    args = parser.parse_args(argv)
+    online = getattr(parser, "online", True)
+    for flag in ("env_steps", "num_envs", "threads", "log_every", "eval_episodes")[0 if online else 2 :]:
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    for flag in ("train_freq", "gradient_steps"):
+        if getattr(args, flag, 1) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.grad_clip is not None and args.grad_clip < 0:
+        parser.error(f"--grad-clip must be >= 0 (0: no clipping), got {args.grad_clip}")
+    args.grad_clip = args.grad_clip or None
+    if args.confirm_episodes is None:
+        args.confirm_episodes = args.eval_episodes
+    if args.confirm_episodes < 0 or args.final_eval_episodes < 0 or args.eval_every < 0:
+        parser.error("--confirm-episodes, --final-eval-episodes and --eval-every must be >= 0")
+    env = check_env(parser, args.env_id, action_spaces, algorithm, **check)
+    if args.solved_return is None:
+        threshold = getattr(env.spec, "reward_threshold", None)
+        args.solved_return = threshold if threshold is not None else (solved_returns or {}).get(args.env_id)
+    if args.solved_return is not None and not math.isfinite(args.solved_return):
+        args.solved_return = None  # inf: never stop early
+    return args, env
 
 
 def check_env(
@@ -24,14 +199,14 @@ def check_env(
     algorithm: str,
     *,
     flat_box_actions: bool = True,
+    box_observations: bool = True,
 ) -> gym.Env:
     """The env ``env_id`` (created once to read its spaces, then closed), or ``parser.error`` saying why not.
 
     Args:
         action_spaces: the ``gymnasium.spaces`` classes ``algorithm`` can act in.
         flat_box_actions: a ``Box`` action space must be 1-d (the Gaussian policy heads).
-
-    Observations must be a ``Box`` (the examples' MLPs flatten them).
+        box_observations: observations must be a ``Box`` (the examples' networks take arrays).
     """
     _check_registered(parser, env_id)
     try:
@@ -45,7 +220,7 @@ def check_env(
         parser.error(f"--env-id {env_id}: {algorithm} needs {names} actions, but {env_id} has {action_space}")
     if flat_box_actions and isinstance(action_space, spaces.Box) and len(action_space.shape) != 1:
         parser.error(f"--env-id {env_id}: {algorithm} needs a 1-d Box action space, got shape {action_space.shape}")
-    if not isinstance(obs_space, spaces.Box):
+    if box_observations and not isinstance(obs_space, spaces.Box):
         parser.error(
             f"--env-id {env_id}: the example's MLP needs Box (array) observations, but {env_id} has {obs_space}; "
             "wrap the env (e.g. one-hot encode Discrete observations) or pick another env"

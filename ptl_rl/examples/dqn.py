@@ -5,8 +5,12 @@
 
 Read it top to bottom, CleanRL style:
 
-1. ``parse_args``: every hyperparameter is a flag; the defaults solve CartPole-v1
-   (greedy mean return >= 475) in about 15k env steps and a few CPU seconds.
+1. ``parse_args``: every hyperparameter is a flag (the shared ones, run
+   directory, limits and evaluation, come from ``ptl_rl.examples.cli``); the
+   defaults solve CartPole-v1 (greedy mean return >= 475, confirmed on fresh
+   episodes) in about 15k env steps and a few CPU seconds. It runs before torch
+   and Lightning are imported, so ``--help`` and a mistyped ``--env-id`` answer
+   at once.
    Plain DQN (uniform replay, 1-step returns) is ``--n-step 1``; double DQN
    targets are on in every configuration (``--no-double`` turns them off).
    ``--rainbow`` switches on ``--prioritized``, ``--dueling`` and ``--n-step 3``
@@ -23,97 +27,81 @@ Read it top to bottom, CleanRL style:
    synced every ``--target-sync-every`` gradient steps. With ``--prioritized``
    the batch also carries importance ``weights`` (the loss is weighted by them)
    and ``batch.update_priorities(td_errors)`` feeds ``|TD|`` back to the buffer.
-4. ``greedy_agent``: the greedy policy (epsilon 0); ``ptl_rl.PeriodicEvaluation``
-   runs it on a separate env every ``--eval-every`` env steps and stops training
-   once its mean return reaches ``--solved-return``.
+4. ``greedy_agent``: the greedy policy (epsilon 0), which the evaluations run.
 5. ``train``: builds the vector env, the epsilon-greedy ``DQNAgent`` and the
    pipeline ``ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler``
    (a ``PrioritizedReplayBuffer`` with ``--prioritized``, its beta annealed from
-   ``--beta-start`` to 1 over ``--env-steps``), fits, and evaluates the final
-   weights on fresh episodes.
+   ``--beta-start`` to 1 over ``--env-steps``; ``--train-freq K --gradient-steps G``
+   takes G gradient steps every K env steps), and hands them to
+   ``ptl_rl.examples.harness.run``: the Trainer, evaluations every
+   ``--eval-every`` env steps (stopping once ``--solved-return`` is reached and
+   confirmed), the final evaluation on fresh episodes and the run directory.
 """
 
+# ruff: noqa: E402 - torch, Lightning and ptl_rl's stages are imported after parse_args on purpose (see below)
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any
+
+from gymnasium import spaces
+
+from ptl_rl.examples import cli
+
+
+# ---------------------------------------------------------------------------- arguments
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = cli.example_parser("dqn", __doc__, default_env="CartPole-v1", default_env_steps=50_000)
+    p.set_defaults(num_envs=4, eval_every=2_500, final_eval_episodes=20)
+    a = p.add_argument_group("DQN")
+    a.add_argument("--gamma", type=float, default=0.99, help="discount factor")
+    a.add_argument("--n-step", type=int, default=3, help="n of the n-step returns (NStepTransform)")
+    a.add_argument("--double", action=argparse.BooleanOptionalAction, default=True, help="double DQN targets")
+    a.add_argument("--hidden", type=int, default=64, help="width of the two hidden layers")
+    a.add_argument("--lr", type=float, default=5e-3, help="Adam learning rate")
+    a.add_argument("--batch-size", type=int, default=128, help="transitions per gradient step")
+    a.add_argument("--buffer-size", type=int, default=50_000, help="replay capacity (transitions)")
+    a.add_argument("--learning-starts", type=int, default=1_000, help="transitions stored before the first update")
+    a.add_argument("--target-sync-every", type=int, default=50, help="gradient steps between target-net syncs")
+    a.add_argument("--tau", type=float, default=1.0, help="target sync rate: 1 copies (hard), < 1 Polyak-averages")
+    a.add_argument("--eps-start", type=float, default=1.0, help="epsilon of epsilon-greedy at env step 0")
+    a.add_argument("--eps-end", type=float, default=0.05, help="epsilon after the decay")
+    a.add_argument("--eps-decay-steps", type=int, default=10_000, help="env steps of the linear epsilon decay")
+    cli.add_burst_flags(p, train_freq=4)
+    r = p.add_argument_group("Rainbow-lite", "each off by default; --rainbow turns on all three")
+    r.add_argument("--prioritized", action=argparse.BooleanOptionalAction, default=False, help="prioritized replay")
+    r.add_argument("--alpha", type=float, default=0.6, help="priority exponent of prioritized replay (0: uniform)")
+    r.add_argument(
+        "--beta-start", type=float, default=0.4, help="importance-sampling exponent, annealed to 1 over --env-steps"
+    )
+    r.add_argument(
+        "--dueling", action=argparse.BooleanOptionalAction, default=False, help="dueling head: V + A - mean(A)"
+    )
+    r.add_argument(
+        "--rainbow",
+        action="store_true",
+        help="Rainbow-lite: defaults of --prioritized, --dueling and --n-step 3 (explicit flags still win)",
+    )
+    if p.parse_known_args(argv)[0].rainbow:
+        # --rainbow only changes defaults, so flags given explicitly still win (--rainbow --no-dueling)
+        p.set_defaults(prioritized=True, dueling=True, n_step=3)
+    # fails here, with the usage line, for a mistyped or unsuitable env: before the imports below
+    return cli.parse(p, argv, (spaces.Discrete,), "DQN")[0]
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help and argument errors end here, in about a second
 
 import gymnasium as gym
 import numpy as np
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from pytorch_lightning.callbacks import TQDMProgressBar
-from pytorch_lightning.loggers import CSVLogger
 from torch import nn
 
 import ptl_rl
-from ptl_rl.examples.cli import check_env
-
-
-# ---------------------------------------------------------------------------- arguments
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    # run
-    p.add_argument("--env-id", default="CartPole-v1", help="gymnasium id of an env with a Discrete action space")
-    p.add_argument("--env-steps", type=int, default=50_000, help="budget of env steps (all sub-envs together)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-envs", type=int, default=4, help="sub-envs of the training vector env")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (torch.set_num_threads)")
-    p.add_argument("--accelerator", default="cpu", help="Lightning accelerator; a small MLP is fastest on the CPU")
-    p.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--log-every", type=int, default=100, help="gradient steps between logged metrics")
-    p.add_argument("--log-dir", default=None, help="also write the metrics to a CSV logger there")
-    # algorithm
-    p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--n-step", type=int, default=3, help="n of the n-step returns (NStepTransform)")
-    p.add_argument("--double", action=argparse.BooleanOptionalAction, default=True, help="double DQN targets")
-    p.add_argument("--hidden", type=int, default=64, help="width of the two hidden layers")
-    p.add_argument("--lr", type=float, default=5e-3)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--buffer-size", type=int, default=50_000)
-    p.add_argument("--learning-starts", type=int, default=1_000, help="transitions stored before the first update")
-    p.add_argument(
-        "--train-every",
-        type=int,
-        default=4,
-        help="env steps collected per gradient step (the replay ratio is batch-size / train-every); "
-        "one vector step brings num-envs transitions, so values below --num-envs act as --num-envs",
-    )
-    p.add_argument("--target-sync-every", type=int, default=50, help="gradient steps between target-net syncs")
-    p.add_argument("--tau", type=float, default=1.0, help="target sync rate: 1 copies (hard), < 1 Polyak-averages")
-    p.add_argument("--eps-start", type=float, default=1.0)
-    p.add_argument("--eps-end", type=float, default=0.05)
-    p.add_argument("--eps-decay-steps", type=int, default=10_000, help="env steps of the linear epsilon decay")
-    # Rainbow-lite (each off by default; --rainbow turns on all three)
-    p.add_argument("--prioritized", action=argparse.BooleanOptionalAction, default=False, help="prioritized replay")
-    p.add_argument("--alpha", type=float, default=0.6, help="priority exponent of prioritized replay (0: uniform)")
-    p.add_argument(
-        "--beta-start", type=float, default=0.4, help="importance-sampling exponent, annealed to 1 over --env-steps"
-    )
-    p.add_argument(
-        "--dueling", action=argparse.BooleanOptionalAction, default=False, help="dueling head: V + A - mean(A)"
-    )
-    p.add_argument(
-        "--rainbow",
-        action="store_true",
-        help="Rainbow-lite: defaults of --prioritized, --dueling and --n-step 3 (explicit flags still win)",
-    )
-    # evaluation
-    p.add_argument("--eval-every", type=int, default=2_500, help="env steps between greedy evaluations (0: never)")
-    p.add_argument("--eval-episodes", type=int, default=20)
-    p.add_argument("--solved-return", type=float, default=475.0, help="stop once the greedy mean return reaches it")
-    p.add_argument("--final-eval-episodes", type=int, default=20)
-    if p.parse_known_args(argv)[0].rainbow:
-        # --rainbow only changes defaults, so flags given explicitly still win (--rainbow --no-dueling)
-        p.set_defaults(prioritized=True, dueling=True, n_step=3)
-    args = p.parse_args(argv)
-    # fail here, with the usage line, rather than with a traceback after the setup
-    check_env(p, args.env_id, (gym.spaces.Discrete,), "DQN")
-    return args
+from ptl_rl.examples import harness
+from ptl_rl.examples.burst import replay_stage
 
 
 # ---------------------------------------------------------------------------- Q-network
@@ -222,13 +210,9 @@ def greedy_agent(q_net: nn.Module) -> ptl_rl.DQNAgent:
 
 # ---------------------------------------------------------------------------- training
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Train, then evaluate the final weights on fresh episodes; returns the run's summary."""
-    start, start_cpu = time.perf_counter(), time.process_time()
-    torch.set_num_threads(args.threads)
-    pl.seed_everything(args.seed, verbose=False)
-
+    """Train, then evaluate the final weights on fresh episodes; returns the run's summary (see ``harness.run``)."""
+    harness.set_up(args)
     env = make_env(args.env_id, args.num_envs)
-    eval_env = make_env(args.env_id, args.eval_episodes)
     obs_dim = int(np.prod(env.single_observation_space.shape))
     num_actions = int(env.single_action_space.n)
     model = DQN(
@@ -248,13 +232,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     epsilon = ptl_rl.LinearSchedule(args.eps_start, args.eps_end, args.eps_decay_steps)
     agent = ptl_rl.DQNAgent(model.q_net, ptl_rl.EpsilonGreedySelector(epsilon, seed=args.seed))
 
-    # ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler: one batch per --train-every env steps
+    # ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler: G batches per --train-freq env steps
     source = ptl_rl.ExperienceSource(env, agent, gamma=args.gamma, seed=args.seed)
     nstep = ptl_rl.NStepTransform(source, n=args.n_step, gamma=args.gamma)
     replay = dict(
         capacity=args.buffer_size,
         warmup=max(args.learning_starts, args.batch_size),
-        transitions_per_yield=args.train_every,
+        transitions_per_yield=args.train_freq,
         seed=args.seed,
     )
     if args.prioritized:
@@ -263,70 +247,38 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         buffer = ptl_rl.PrioritizedReplayBuffer(nstep, alpha=args.alpha, beta=beta, beta_clock="env", **replay)
     else:
         buffer = ptl_rl.ReplayBuffer(nstep, **replay)
-    pipeline = ptl_rl.BatchSampler(buffer, batch_size=args.batch_size)
+    pipeline = ptl_rl.BatchSampler(replay_stage(buffer, args.gradient_steps), batch_size=args.batch_size)
 
-    evaluation = ptl_rl.PeriodicEvaluation(
-        pipeline,
-        eval_env,
-        lambda module: greedy_agent(module.q_net),
-        every_env_steps=args.eval_every,
-        episodes=args.eval_episodes,
-        stop_at_return=args.solved_return,
-        seed=args.seed + 10_000,
+    return harness.run(
+        harness.Experiment(
+            "dqn",
+            args,
+            model,
+            pipeline,
+            ptl_rl.to_dataloader(pipeline),
+            make_env=lambda n: make_env(args.env_id, n),
+            greedy_agent=lambda module: greedy_agent(module.q_net),
+            config={
+                "obs_dim": obs_dim,
+                "num_actions": num_actions,
+                "epsilon": f"linear {args.eps_start} -> {args.eps_end} over {args.eps_decay_steps} env steps",
+                "replay_warmup": replay["warmup"],
+                "replay_ratio": args.batch_size * args.gradient_steps / args.train_freq,
+                "beta": f"linear {args.beta_start} -> 1.0 over {args.env_steps} env steps"
+                if args.prioritized
+                else None,
+            },
+        )
     )
-    callbacks: list[pl.Callback] = [
-        ptl_rl.EpisodeStatsLogger(pipeline, every_n_steps=args.log_every),
-        ptl_rl.EnvStepLimit(pipeline, args.env_steps),
-        evaluation,
-    ]
-    if args.progress_bar:
-        callbacks.append(TQDMProgressBar(refresh_rate=args.log_every))
-    trainer = pl.Trainer(
-        accelerator=args.accelerator,
-        devices=1,
-        max_epochs=-1,  # one endless epoch over the live pipeline, ended by EnvStepLimit or PeriodicEvaluation
-        logger=CSVLogger(args.log_dir, name="dqn") if args.log_dir else False,
-        log_every_n_steps=args.log_every,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=args.progress_bar,
-        callbacks=callbacks,
-    )
-    trainer.fit(model, train_dataloaders=ptl_rl.to_dataloader(pipeline))
-    train_time = time.perf_counter() - start
-
-    final_env = make_env(args.env_id, args.final_eval_episodes)
-    final_agent = greedy_agent(model.q_net.cpu())
-    final_return = float(
-        ptl_rl.evaluate(final_env, final_agent, args.final_eval_episodes, seed=args.seed + 1_000_000).mean()
-    )
-    for e in (env, eval_env, final_env):
-        e.close()
-    return {
-        "final_eval_return": final_return,
-        "env_steps": source.total_steps,
-        "gradient_steps": trainer.global_step,
-        "solved_at_env_steps": evaluation.solved_at,
-        "eval_history": evaluation.history,
-        "train_time_s": train_time,
-        "wall_time_s": time.perf_counter() - start,
-        "cpu_time_s": time.process_time() - start_cpu,
-    }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    result = train(args)
-    solved = result["solved_at_env_steps"]
-    print(
-        f"{args.env_id} seed {args.seed}: "
-        + (f"solved at {solved} env steps" if solved is not None else "not solved within the budget")
-        + f"; final greedy return {result['final_eval_return']:.1f} over {args.final_eval_episodes} fresh episodes"
-        + f"; {result['env_steps']} env steps, {result['gradient_steps']} gradient steps"
-        + f", wall time {result['wall_time_s']:.1f} s"
-    )
-    return result
+def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
+    """Parse ``argv`` (or take parsed args), train, print a one-line report; returns the summary."""
+    args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv)
+    summary = train(args)
+    print(harness.report(summary))
+    return summary
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -29,68 +29,47 @@ sync every 1000 updates, epsilon 1 -> 0.01 over the first 10% of steps);
 ``--num-envs`` sub-envs collect together.
 """
 
+# ruff: noqa: E402 - torch, Lightning and ptl_rl's stages are imported after parse_args on purpose (see below)
 from __future__ import annotations
 
 import argparse
 import functools
-import time
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
-import pytorch_lightning as pl
-import torch
-from pytorch_lightning.callbacks import TQDMProgressBar
-from pytorch_lightning.loggers import CSVLogger
-from torch import nn
+from gymnasium import spaces
 
-import ptl_rl
-from ptl_rl.examples.cli import check_env
-from ptl_rl.examples.dqn import DQN, greedy_agent
+from ptl_rl.examples import cli
 
 
 # ---------------------------------------------------------------------------- arguments
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    p = cli.example_parser("dqn_atari", __doc__, default_env="ALE/Pong-v5", default_env_steps=10_000_000)
+    p.set_defaults(
+        num_envs=8, accelerator="auto", log_every=1_000, eval_every=250_000, eval_episodes=4, final_eval_episodes=8
     )
-    p.add_argument("--env-id", default="ALE/Pong-v5", help="an ALE/* id, or any env with pixel stack observations")
-    p.add_argument("--env-steps", type=int, default=10_000_000, help="budget of agent steps (all sub-envs together)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-envs", type=int, default=8)
     p.add_argument("--frame-stack", type=int, default=4, help="frames per observation (ALE ids)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("--accelerator", default="auto", help="Lightning accelerator (a GPU for the full Pong run)")
-    p.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--log-every", type=int, default=1000, help="gradient steps between logged metrics")
-    p.add_argument("--log-dir", default=None)
-    # algorithm (CleanRL dqn_atari defaults)
-    p.add_argument("--network", choices=("nature", "small"), default="nature")
-    p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--n-step", type=int, default=1)
-    p.add_argument("--double", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--buffer-size", type=int, default=1_000_000)
-    p.add_argument("--learning-starts", type=int, default=80_000)
-    p.add_argument("--train-every", type=int, default=4, help="env steps collected per gradient step")
-    p.add_argument("--target-sync-every", type=int, default=1000, help="gradient steps between target syncs")
-    p.add_argument("--eps-start", type=float, default=1.0)
-    p.add_argument("--eps-end", type=float, default=0.01)
-    p.add_argument("--eps-fraction", type=float, default=0.1, help="fraction of --env-steps of epsilon decay")
-    p.add_argument("--prioritized", action=argparse.BooleanOptionalAction, default=False)
-    # replay placement
-    p.add_argument("--memmap-dir", default=None, help="keep the replay's frames in memory-mapped files there")
-    p.add_argument("--extra-frames", type=int, default=None, help="FrameStorage pool frames beyond --buffer-size")
-    # evaluation
-    p.add_argument("--eval-every", type=int, default=250_000, help="env steps between greedy evaluations (0: never)")
-    p.add_argument("--eval-episodes", type=int, default=4)
-    p.add_argument("--solved-return", type=float, default=20.0, help="stop once the greedy mean return reaches it")
-    p.add_argument("--final-eval-episodes", type=int, default=8)
-    args = p.parse_args(argv)
+    a = p.add_argument_group("DQN (CleanRL dqn_atari defaults)")
+    a.add_argument("--network", choices=("nature", "small"), default="nature", help="the CNN (small: tiny frames)")
+    a.add_argument("--gamma", type=float, default=0.99, help="discount factor")
+    a.add_argument("--n-step", type=int, default=1, help="n of the n-step returns (NStepTransform)")
+    a.add_argument("--double", action=argparse.BooleanOptionalAction, default=True, help="double DQN targets")
+    a.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate")
+    a.add_argument("--batch-size", type=int, default=32, help="transitions per gradient step")
+    a.add_argument("--buffer-size", type=int, default=1_000_000, help="replay capacity (transitions)")
+    a.add_argument("--learning-starts", type=int, default=80_000, help="transitions stored before the first update")
+    a.add_argument("--target-sync-every", type=int, default=1000, help="gradient steps between target syncs")
+    a.add_argument("--eps-start", type=float, default=1.0, help="epsilon of epsilon-greedy at env step 0")
+    a.add_argument("--eps-end", type=float, default=0.01, help="epsilon after the decay")
+    a.add_argument("--eps-fraction", type=float, default=0.1, help="fraction of --env-steps of epsilon decay")
+    a.add_argument("--prioritized", action=argparse.BooleanOptionalAction, default=False, help="prioritized replay")
+    cli.add_burst_flags(p, train_freq=4)
+    r = p.add_argument_group("replay placement")
+    r.add_argument("--memmap-dir", default=None, help="keep the replay's frames in memory-mapped files there")
+    r.add_argument("--extra-frames", type=int, default=None, help="FrameStorage pool frames beyond --buffer-size")
     register_ale()
-    check_env(p, args.env_id, (gym.spaces.Discrete,), "DQN")
-    return args
+    # Pong's best return is 21; other ALE games have their own scale and no registered threshold
+    return cli.parse(p, argv, (spaces.Discrete,), "DQN", solved_returns={"ALE/Pong-v5": 20.0})[0]
 
 
 def register_ale() -> None:
@@ -100,6 +79,19 @@ def register_ale() -> None:
     except ImportError:
         return
     gym.register_envs(ale_py)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help and argument errors end here, in about a second
+
+import numpy as np
+import torch
+from torch import nn
+
+import ptl_rl
+from ptl_rl.examples import harness
+from ptl_rl.examples.burst import replay_stage
+from ptl_rl.examples.dqn import DQN, greedy_agent
 
 
 # ---------------------------------------------------------------------------- envs
@@ -185,11 +177,8 @@ def naive_bytes_per_transition(obs_space: gym.spaces.Box) -> int:
 # ---------------------------------------------------------------------------- training
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train, then evaluate the final weights; returns the run's summary (with the replay's bytes per transition)."""
-    start = time.perf_counter()
-    torch.set_num_threads(args.threads)
-    pl.seed_everything(args.seed, verbose=False)
+    harness.set_up(args)
     env = make_env(args.env_id, args.num_envs, args.frame_stack)
-    eval_env = make_env(args.env_id, args.eval_episodes, args.frame_stack)
     obs_space = env.single_observation_space
     num_actions = int(env.single_action_space.n)
     model = AtariDQN(
@@ -202,7 +191,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         log_every=args.log_every,
         prioritized=args.prioritized,
     )
-    epsilon = ptl_rl.LinearSchedule(args.eps_start, args.eps_end, int(args.eps_fraction * args.env_steps))
+    decay_steps = int(args.eps_fraction * args.env_steps)
+    epsilon = ptl_rl.LinearSchedule(args.eps_start, args.eps_end, decay_steps)
     agent = ptl_rl.DQNAgent(model.q_net, ptl_rl.EpsilonGreedySelector(epsilon, seed=args.seed))
 
     source = ptl_rl.ExperienceSource(env, agent, gamma=args.gamma, seed=args.seed)
@@ -210,7 +200,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     replay = dict(
         capacity=args.buffer_size,
         warmup=max(args.learning_starts, args.batch_size),
-        transitions_per_yield=args.train_every,
+        transitions_per_yield=args.train_freq,
         seed=args.seed,
         storage=replay_storage(args),
     )
@@ -219,80 +209,48 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         buffer = ptl_rl.PrioritizedReplayBuffer(nstep, beta=beta, beta_clock="env", **replay)
     else:
         buffer = ptl_rl.ReplayBuffer(nstep, **replay)
-    pipeline = ptl_rl.BatchSampler(buffer, batch_size=args.batch_size)
+    pipeline = ptl_rl.BatchSampler(replay_stage(buffer, args.gradient_steps), batch_size=args.batch_size)
 
-    callbacks: list[pl.Callback] = [
-        ptl_rl.EpisodeStatsLogger(pipeline, every_n_steps=args.log_every),
-        ptl_rl.EnvStepLimit(pipeline, args.env_steps),
-    ]
-    evaluation = None
-    if args.eval_every:
-        evaluation = ptl_rl.PeriodicEvaluation(
+    def replay_size() -> dict[str, Any]:
+        storage = buffer.storage
+        return {
+            "replay_bytes_per_transition": storage.nbytes / storage.capacity,
+            "naive_bytes_per_transition": naive_bytes_per_transition(obs_space),
+            "replay_transitions": len(storage),
+        }
+
+    return harness.run(
+        harness.Experiment(
+            "dqn_atari",
+            args,
+            model,
             pipeline,
-            eval_env,
-            lambda module: greedy_agent(module.q_net),
-            every_env_steps=args.eval_every,
-            episodes=args.eval_episodes,
-            stop_at_return=args.solved_return,
-            seed=args.seed + 10_000,
+            ptl_rl.to_dataloader(pipeline),
+            make_env=lambda n: make_env(args.env_id, n, args.frame_stack),
+            greedy_agent=lambda module: greedy_agent(module.q_net),
+            config={
+                "obs_shape": list(obs_space.shape),
+                "num_actions": num_actions,
+                "epsilon": f"linear {args.eps_start} -> {args.eps_end} over {decay_steps} env steps",
+                "replay_warmup": replay["warmup"],
+                "replay_ratio": args.batch_size * args.gradient_steps / args.train_freq,
+            },
+            extra_summary=replay_size,
         )
-        callbacks.append(evaluation)
-    if args.progress_bar:
-        callbacks.append(TQDMProgressBar(refresh_rate=args.log_every))
-    trainer = pl.Trainer(
-        accelerator=args.accelerator,
-        devices=1,
-        max_epochs=-1,
-        logger=CSVLogger(args.log_dir, name="dqn_atari") if args.log_dir else False,
-        log_every_n_steps=args.log_every,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=args.progress_bar,
-        callbacks=callbacks,
     )
-    trainer.fit(model, train_dataloaders=ptl_rl.to_dataloader(pipeline))
-    train_time = time.perf_counter() - start
-
-    final_return = float("nan")
-    if args.final_eval_episodes:
-        final_env = make_env(args.env_id, args.final_eval_episodes, args.frame_stack)
-        final_agent = greedy_agent(model.q_net.cpu())
-        final_return = float(
-            ptl_rl.evaluate(final_env, final_agent, args.final_eval_episodes, seed=args.seed + 1_000_000).mean()
-        )
-        final_env.close()
-    storage = buffer.storage
-    for e in (env, eval_env):
-        e.close()
-    return {
-        "final_eval_return": final_return,
-        "env_steps": source.total_steps,
-        "gradient_steps": trainer.global_step,
-        "solved_at_env_steps": evaluation.solved_at if evaluation else None,
-        "eval_history": evaluation.history if evaluation else [],
-        "replay_bytes_per_transition": storage.nbytes / storage.capacity,
-        "naive_bytes_per_transition": naive_bytes_per_transition(obs_space),
-        "replay_transitions": len(storage),
-        "train_time_s": train_time,
-        "wall_time_s": time.perf_counter() - start,
-    }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    result = train(args)
-    solved = result["solved_at_env_steps"]
-    ratio = result["replay_bytes_per_transition"] / result["naive_bytes_per_transition"]
+def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
+    """Parse ``argv`` (or take parsed args), train, print a one-line report; returns the summary."""
+    args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv)
+    summary = train(args)
+    ratio = summary["replay_bytes_per_transition"] / summary["naive_bytes_per_transition"]
     print(
-        f"{args.env_id} seed {args.seed}: "
-        + (f"solved at {solved} env steps" if solved is not None else "not solved within the budget")
-        + f"; final greedy return {result['final_eval_return']:.2f} over {args.final_eval_episodes} episodes"
-        + f"; {result['env_steps']} env steps, {result['gradient_steps']} gradient steps"
-        + f"; replay {result['replay_bytes_per_transition']:.0f} B/transition ({ratio:.3f}x obs+next_obs)"
-        + f", wall time {result['wall_time_s']:.1f} s"
+        harness.report(summary)
+        + f"; replay {summary['replay_bytes_per_transition']:.0f} B/transition ({ratio:.3f}x obs+next_obs)"
     )
-    return result
+    return summary
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

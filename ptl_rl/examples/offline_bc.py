@@ -5,8 +5,9 @@
 
 Read it top to bottom:
 
-1. ``parse_args``: every setting is a flag; the defaults reach a greedy return
-   of 500 on CartPole-v1 in a few CPU seconds of training.
+1. ``parse_args``: every setting is a flag (the shared ones come from
+   ``ptl_rl.examples.cli``, parsed before torch is imported); the defaults
+   reach a greedy return of 500 on CartPole-v1 in a few CPU seconds of training.
 2. ``expert_agent``: the behaviour policy that is recorded, a hand-tuned PD
    controller on the cart position/velocity and pole angle/angular velocity
    (it balances CartPole for the full 500 steps), acting with ``--noise``
@@ -21,30 +22,25 @@ Read it top to bottom:
 5. ``train``: ``minari_replay_buffer`` fills a buffer with the whole dataset
    in one call (checked against the env's spaces); ``BatchSampler ->
    to_dataloader`` serves shuffled passes over it (``steps_per_epoch`` batches
-   per Lightning epoch). The environment is not stepped during training: it
-   is only run afterwards, to evaluate the greedy policy on fresh episodes.
+   per Lightning epoch), and ``ptl_rl.examples.harness.run`` fits and writes the
+   run directory. The environment is not stepped during training: it is only
+   run afterwards, to evaluate the greedy policy on fresh episodes.
 
 A downloaded dataset works the same way: ``minari download <id>`` on a
 machine with internet, copy ``~/.minari/datasets/<id>`` here (or set
 ``MINARI_DATASETS_PATH``), and pass ``--dataset <id>`` (or the directory path).
 """
 
+# ruff: noqa: E402 - torch, Lightning and ptl_rl's stages are imported after parse_args on purpose (see below)
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
-import pytorch_lightning as pl
-import torch
-import torch.nn.functional as F
-from pytorch_lightning.callbacks import TQDMProgressBar
-from torch import nn
+from gymnasium import spaces
 
-import ptl_rl
-from ptl_rl.examples.cli import check_env
+from ptl_rl.examples import cli
 
 # the PD controller's gains on (cart position, cart velocity, pole angle, pole angular velocity): push right
 # when the weighted sum is positive
@@ -53,40 +49,46 @@ PD_GAINS = np.array([0.1, 0.5, 3.0, 1.0])
 
 # ---------------------------------------------------------------------------- arguments
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    p.add_argument("--env-id", default="CartPole-v1", help="env of the recorded dataset and of the evaluation")
+    p = cli.example_parser("offline_bc", __doc__, default_env="CartPole-v1", online=False)
+    p.set_defaults(final_eval_episodes=20, log_every=50)
     p.add_argument(
         "--dataset",
         default=None,
         help="a local Minari dataset id or directory to clone; default: record the PD expert on CartPole-v1 "
         "as 'ptl_rl/cartpole-pd-expert-s<seed>-v0'",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (torch.set_num_threads)")
-    p.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True)
-    # recording
-    p.add_argument("--record-episodes", type=int, default=20, help="episodes of the expert to record")
-    p.add_argument("--record-envs", type=int, default=4, help="sub-envs of the recording vector env")
-    p.add_argument("--noise", type=float, default=0.1, help="probability of a random action while recording")
-    # behaviour cloning
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--epochs", type=int, default=4, help="Lightning epochs of --steps-per-epoch batches")
-    p.add_argument("--steps-per-epoch", type=int, default=250)
-    # evaluation (after training)
-    p.add_argument("--eval-episodes", type=int, default=20)
-    args = p.parse_args(argv)
-    # fail here, with the usage line, rather than with a traceback after recording
-    check_env(p, args.env_id, (gym.spaces.Discrete,), "behaviour cloning (a classifier over actions)")
+    r = p.add_argument_group("recording")
+    r.add_argument("--record-episodes", type=int, default=20, help="episodes of the expert to record")
+    r.add_argument("--record-envs", type=int, default=4, help="sub-envs of the recording vector env")
+    r.add_argument("--noise", type=float, default=0.1, help="probability of a random action while recording")
+    b = p.add_argument_group("behaviour cloning")
+    b.add_argument("--hidden", type=int, default=64, help="width of the two hidden layers")
+    b.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
+    b.add_argument("--batch-size", type=int, default=256, help="rows per gradient step")
+    b.add_argument("--epochs", type=int, default=4, help="Lightning epochs of --steps-per-epoch batches")
+    b.add_argument("--steps-per-epoch", type=int, default=250, help="batches per Lightning epoch")
+    # fails here, with the usage line, rather than with a traceback after recording
+    algorithm = "behaviour cloning (a classifier over actions)"
+    args = cli.parse(p, argv, (spaces.Discrete,), algorithm)[0]
     if args.dataset is None and args.env_id != "CartPole-v1":
         p.error(
             f"--env-id {args.env_id}: the built-in expert (a PD controller) only drives CartPole-v1; pass "
             "--dataset <id or directory> to clone a dataset recorded on that env"
         )
     return args
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help and argument errors end here, in about a second
+
+import gymnasium as gym
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ptl_rl
+from ptl_rl.examples import harness
 
 
 # ---------------------------------------------------------------------------- the behaviour policy
@@ -155,14 +157,11 @@ class BehaviourCloning(pl.LightningModule):
 # ---------------------------------------------------------------------------- training
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Record (or load) the dataset, clone it, then evaluate the greedy policy; returns the run's summary."""
-    start = time.perf_counter()
-    torch.set_num_threads(args.threads)
-    pl.seed_everything(args.seed, verbose=False)
+    harness.set_up(args)
     if args.dataset is not None:
         dataset = ptl_rl.open_minari_dataset(args.dataset)
     else:
         dataset = record_dataset(f"ptl_rl/cartpole-pd-expert-s{args.seed}-v0", args)
-    record_time = time.perf_counter() - start
 
     # the env is made here only to read its spaces: a dataset of another env fails now, not after training
     probe = gym.make(args.env_id)
@@ -172,56 +171,50 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     buffer = ptl_rl.minari_replay_buffer(
         dataset, seed=args.seed, replacement=False, observation_space=obs_space, action_space=action_space
     )
-    loader = ptl_rl.to_dataloader(ptl_rl.BatchSampler(buffer, batch_size=args.batch_size), args.steps_per_epoch)
+    pipeline = ptl_rl.BatchSampler(buffer, batch_size=args.batch_size)
     model = BehaviourCloning(int(np.prod(obs_space.shape)), int(action_space.n), args.hidden, args.lr)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=args.epochs,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=args.progress_bar,
-        callbacks=[TQDMProgressBar(refresh_rate=50)] if args.progress_bar else [],
-    )
-    train_start = time.perf_counter()
-    trainer.fit(model, train_dataloaders=loader)
-    train_time = time.perf_counter() - train_start
 
-    # only now is the env touched: fresh episodes of the greedy policy
-    eval_env = gym.make_vec(args.env_id, num_envs=args.eval_episodes, vectorization_mode="sync")
-    policy = model.policy.cpu().eval()
+    def greedy_agent(module: BehaviourCloning) -> Any:
+        policy = module.policy.eval()
 
-    def greedy(obs: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            return policy(torch.as_tensor(obs).float()).argmax(dim=1).numpy()
+        def greedy(obs: np.ndarray) -> np.ndarray:
+            with torch.no_grad():
+                return policy(torch.as_tensor(obs).float()).argmax(dim=1).numpy()
 
-    returns = ptl_rl.evaluate(eval_env, greedy, args.eval_episodes, seed=args.seed + 1_000_000)
-    eval_env.close()
-    return {
-        "final_eval_return": float(returns.mean()),
-        "min_eval_return": float(returns.min()),
+        return greedy
+
+    dataset_info = {
         "dataset_id": dataset.id,
         "dataset_steps": int(dataset.total_steps),
         "dataset_episodes": int(dataset.total_episodes),
-        "gradient_steps": int(trainer.global_step),
-        "record_time_s": record_time,
-        "train_time_s": train_time,
-        "wall_time_s": time.perf_counter() - start,
     }
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    result = train(args)
-    print(
-        f"{result['dataset_id']} ({result['dataset_episodes']} episodes, {result['dataset_steps']} steps), "
-        f"seed {args.seed}: greedy return {result['final_eval_return']:.1f} (min {result['min_eval_return']:.0f}) "
-        f"over {args.eval_episodes} fresh episodes after {result['gradient_steps']} gradient steps; "
-        f"training {result['train_time_s']:.1f} s, wall time {result['wall_time_s']:.1f} s"
+    return harness.run(
+        harness.Experiment(
+            "offline_bc",
+            args,
+            model,
+            pipeline,
+            ptl_rl.to_dataloader(pipeline, args.steps_per_epoch),
+            # only the evaluation after training touches the env: fresh episodes of the greedy policy
+            make_env=lambda n: gym.make_vec(args.env_id, num_envs=n, vectorization_mode="sync"),
+            greedy_agent=greedy_agent,
+            max_epochs=args.epochs,
+            config=dataset_info,
+            extra_summary=lambda: dataset_info,
+        )
     )
-    return result
+
+
+def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
+    """Parse ``argv`` (or take parsed args), record or load, clone, print a one-line report; returns the summary."""
+    args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv)
+    summary = train(args)
+    print(
+        f"{summary['dataset_id']} ({summary['dataset_episodes']} episodes, {summary['dataset_steps']} steps): "
+        + harness.report(summary)
+    )
+    return summary
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

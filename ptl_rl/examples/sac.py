@@ -4,7 +4,9 @@
 
 Read it top to bottom, CleanRL style:
 
-1. ``parse_args``: every hyperparameter is a flag; the defaults solve Pendulum-v1.
+1. ``parse_args``: every hyperparameter is a flag (the shared ones come from
+   ``ptl_rl.examples.cli``, parsed before torch is imported); the defaults
+   solve Pendulum-v1.
 2. Networks: a tanh-squashed Gaussian policy (``ptl_rl.action_head(...,
    squashed=True)``) acting in policy space ``[-1, 1]``, and twin Q-networks
    ``Q(obs, policy_action)``. The agent maps policy actions to the env's
@@ -15,72 +17,84 @@ Read it top to bottom, CleanRL style:
    critics onto ``reward + discount * (1 - terminated) * (min Q_target(next) -
    alpha * log pi(next))``, then improves the actor and tunes ``alpha`` toward
    the target entropy, then Polyak-averages the target critics with
-   ``ptl_rl.TargetNet.soft_sync``.
-4. ``ptl_rl.PeriodicEvaluation`` (a callback): every ``--eval-every`` env steps, run the policy's
-   mean action on a separate env; stop once its mean return reaches ``--solved-return``.
+   ``ptl_rl.TargetNet.soft_sync``. ``--grad-clip`` clips each optimizer's
+   gradient norm by hand (Lightning's ``gradient_clip_val`` is for automatic
+   optimization only).
+4. ``NoisyAgent`` (``--action-noise normal|ou``): exploration noise added to
+   the sampled policy action. SAC's own exploration is its policy's entropy,
+   which on a sparse-reward env such as MountainCarContinuous-v0 collapses
+   before the goal is ever seen (every push costs reward, so "do nothing",
+   return 0, wins); temporally correlated Ornstein-Uhlenbeck noise keeps
+   pushing one way long enough to rock the car up the hill.
 5. ``train``: builds the env, the agent (uniform random actions for the first
    ``--learning-starts`` steps) and the pipeline ``ExperienceSource ->
-   ReplayBuffer -> BatchSampler`` (one gradient step per env step), fits, and
-   evaluates the final weights on fresh episodes.
+   ReplayBuffer -> BatchSampler`` (``--gradient-steps`` gradient steps every
+   ``--train-freq`` env steps, default one per env step), and hands them to
+   ``ptl_rl.examples.harness.run``: evaluations of the policy's mean action
+   every ``--eval-every`` env steps (stopping once ``--solved-return`` is
+   reached and confirmed on fresh episodes), the final evaluation and the run
+   directory.
 """
 
+# ruff: noqa: E402 - torch, Lightning and ptl_rl's stages are imported after parse_args on purpose (see below)
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any
+
+from gymnasium import spaces
+
+from ptl_rl.examples import cli
+
+
+# ---------------------------------------------------------------------------- arguments
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = cli.example_parser("sac", __doc__, default_env="Pendulum-v1", default_env_steps=20_000)
+    p.set_defaults(eval_every=2_000, eval_episodes=10, log_every=500)
+    a = p.add_argument_group("SAC")
+    a.add_argument("--gamma", type=float, default=0.99, help="discount factor")
+    a.add_argument("--tau", type=float, default=0.005, help="Polyak rate of the target critics")
+    a.add_argument("--batch-size", type=int, default=256, help="transitions per gradient step")
+    a.add_argument("--buffer-size", type=int, default=100_000, help="replay capacity (transitions)")
+    a.add_argument("--learning-starts", type=int, default=1_000, help="uniformly random env steps before learning")
+    a.add_argument("--policy-lr", type=float, default=1e-3, help="Adam learning rate of the actor")
+    a.add_argument("--q-lr", type=float, default=1e-3, help="Adam learning rate of the critics")
+    a.add_argument("--alpha-lr", type=float, default=1e-3, help="Adam learning rate of the temperature")
+    a.add_argument("--policy-frequency", type=int, default=1, help="critic steps per actor (and alpha) step")
+    a.add_argument("--autotune", action=argparse.BooleanOptionalAction, default=True, help="tune the temperature")
+    a.add_argument("--alpha", type=float, default=0.2, help="initial (or, without --autotune, fixed) temperature")
+    a.add_argument("--hidden", type=int, default=256, help="width of the two hidden layers")
+    cli.add_burst_flags(p, train_freq=1)
+    n = p.add_argument_group("exploration noise", "added to the sampled policy action (in [-1, 1]) after the warm-up")
+    n.add_argument(
+        "--action-noise",
+        choices=("none", "normal", "ou"),
+        default="none",
+        help="normal: independent Gaussian noise each step; ou: Ornstein-Uhlenbeck noise, correlated over "
+        "about 1/--noise-theta env steps and restarted at each episode start",
+    )
+    n.add_argument("--noise-std", type=float, default=0.6, help="standard deviation of the noise (stationary, for ou)")
+    n.add_argument("--noise-theta", type=float, default=0.02, help="ou: mean reversion per env step, in (0, 1]")
+    # fails here, with the usage line, for a mistyped or unsuitable env: before the imports below
+    args = cli.parse(p, argv, (spaces.Box,), "SAC", solved_returns={"Pendulum-v1": -200.0})[0]
+    if args.noise_std < 0 or not 0 < args.noise_theta <= 1:
+        p.error(f"--noise-std must be >= 0 and --noise-theta in (0, 1], got {args.noise_std}, {args.noise_theta}")
+    return args
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help and argument errors end here, in about a second
 
 import gymnasium as gym
 import numpy as np
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from pytorch_lightning.callbacks import TQDMProgressBar
-from pytorch_lightning.loggers import CSVLogger
 from torch import nn
 
 import ptl_rl
-from ptl_rl.examples.cli import check_env
-
-
-# ---------------------------------------------------------------------------- arguments
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    # run
-    p.add_argument("--env-id", default="Pendulum-v1", help="gymnasium id of an env with a 1-d Box action space")
-    p.add_argument("--env-steps", type=int, default=20_000, help="budget of environment steps (all sub-envs together)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-envs", type=int, default=1, help="sub-envs of the training vector env")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (torch.set_num_threads)")
-    p.add_argument("--accelerator", default="cpu", help="Lightning accelerator; a small MLP is fastest on the CPU")
-    p.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--log-dir", default="", help="write metrics with a CSVLogger there (empty: no logger)")
-    p.add_argument("--log-every", type=int, default=500, help="gradient steps between logged metrics")
-    # algorithm
-    p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--tau", type=float, default=0.005, help="Polyak rate of the target critics")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--buffer-size", type=int, default=100_000)
-    p.add_argument("--learning-starts", type=int, default=1_000, help="uniformly random env steps before learning")
-    p.add_argument("--train-every", type=int, default=1, help="env steps collected per gradient step")
-    p.add_argument("--policy-lr", type=float, default=1e-3)
-    p.add_argument("--q-lr", type=float, default=1e-3)
-    p.add_argument("--alpha-lr", type=float, default=1e-3)
-    p.add_argument("--policy-frequency", type=int, default=1, help="critic steps per actor (and alpha) step")
-    p.add_argument("--autotune", action=argparse.BooleanOptionalAction, default=True, help="tune the temperature")
-    p.add_argument("--alpha", type=float, default=0.2, help="initial (or, without --autotune, fixed) temperature")
-    p.add_argument("--hidden", type=int, default=256, help="width of the two hidden layers")
-    # evaluation
-    p.add_argument("--eval-every", type=int, default=2_000, help="env steps between greedy evaluations (0: never)")
-    p.add_argument("--eval-episodes", type=int, default=10)
-    p.add_argument("--solved-return", type=float, default=-200.0, help="stop once the greedy mean return reaches it")
-    p.add_argument("--final-eval-episodes", type=int, default=100)
-    args = p.parse_args(argv)
-    # fail here, with the usage line, rather than with a traceback after the setup
-    check_env(p, args.env_id, (gym.spaces.Box,), "SAC")
-    return args
+from ptl_rl.examples import harness
+from ptl_rl.examples.burst import replay_stage
 
 
 # ---------------------------------------------------------------------------- networks
@@ -132,29 +146,31 @@ class SAC(pl.LightningModule):
             target = batch.reward + batch.discount * (1.0 - batch.terminated.float()) * next_q
         q1, q2 = self.q(batch.obs, batch.policy_action)  # the critics learn on policy-space actions
         q_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
-        q_opt.zero_grad()
-        self.manual_backward(q_loss)
-        q_opt.step()
+        self.optimize(q_opt, q_loss)
 
         if batch_idx % hp.policy_frequency == 0:
             # actor: maximize min Q + alpha * entropy through the reparameterized sample
             action, log_prob = self.actor(batch.obs).rsample_with_log_prob()
             actor_loss = (alpha * log_prob - torch.min(*self.q(batch.obs, action))).mean()
-            actor_opt.zero_grad()
-            self.manual_backward(actor_loss)
-            actor_opt.step()
+            self.optimize(actor_opt, actor_loss)
             if hp.autotune:
                 # temperature: push the policy's entropy (-log_prob) toward target_entropy
                 alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
-                alpha_opt.zero_grad()
-                self.manual_backward(alpha_loss)
-                alpha_opt.step()
+                self.optimize(alpha_opt, alpha_loss)
 
         self.q_target.soft_sync(hp.tau)
         if (batch_idx + 1) % hp.log_every == 0:  # each self.log call costs about 0.5 ms
             self.log_dict(
                 {"train/q_loss": q_loss, "train/q_mean": q1.mean(), "train/alpha": alpha}, on_step=True, on_epoch=False
             )
+
+    def optimize(self, optimizer: Any, loss: torch.Tensor) -> None:
+        """One step of ``optimizer`` on ``loss``, its gradient norm clipped to ``--grad-clip`` if set."""
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        if self.hparams.grad_clip:
+            self.clip_gradients(optimizer, gradient_clip_val=self.hparams.grad_clip, gradient_clip_algorithm="norm")
+        optimizer.step()
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         hp = self.hparams
@@ -164,6 +180,55 @@ class SAC(pl.LightningModule):
             torch.optim.Adam(self.actor.parameters(), lr=hp.policy_lr, fused=True),
             torch.optim.Adam([self.log_alpha], lr=hp.alpha_lr),
         ]
+
+
+# ---------------------------------------------------------------------------- exploration noise
+class NoisyAgent:
+    """``agent`` with ``--action-noise`` added to its sampled policy actions (clipped to [-1, 1]).
+
+    The noisy policy action is what the env gets (through the agent's
+    ``ActionRescaler``) and what is stored as ``policy_action``, so the critics
+    learn on the action actually taken. During the agent's uniform warm-up no
+    noise is added. ``ou`` noise follows ``x <- (1 - theta) x + std sqrt(1 - (1 - theta)^2) eps``
+    per env step (stationary standard deviation ``std``), one process per
+    sub-env, restarted at 0 when its episode starts.
+
+    Args:
+        agent: a ``ptl_rl.StochasticPolicyAgent`` over a Box action space.
+        kind: ``"normal"`` or ``"ou"``.
+        std, theta: the noise's standard deviation and (ou) mean reversion per step.
+        num_envs, act_dim: shape of one batch of actions.
+    """
+
+    def __init__(
+        self, agent: ptl_rl.StochasticPolicyAgent, kind: str, std: float, theta: float, num_envs: int, act_dim: int,
+        seed: int,
+    ) -> None:  # fmt: skip
+        self.agent, self.kind, self.std, self.theta = agent, kind, float(std), float(theta)
+        self.rng = np.random.default_rng(seed)
+        self.state = np.zeros((num_envs, act_dim), dtype=np.float64)
+
+    def on_env_steps(self, total_steps: int) -> None:
+        self.agent.on_env_steps(total_steps)
+
+    def reset_state(self, mask: np.ndarray) -> None:
+        self.state[mask] = 0.0  # a new episode starts its noise afresh
+
+    def noise(self) -> np.ndarray:
+        """float64 [num_envs, act_dim]: the next noise sample."""
+        eps = self.rng.standard_normal(self.state.shape)
+        if self.kind == "normal":
+            return self.std * eps
+        decay = 1.0 - self.theta
+        self.state = decay * self.state + self.std * np.sqrt(1.0 - decay**2) * eps
+        return self.state
+
+    def __call__(self, obs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        actions, extras = self.agent(obs)
+        if self.agent.total_steps < self.agent.warmup_steps:
+            return actions, extras
+        policy_action = np.clip(extras["policy_action"] + self.noise(), -1.0, 1.0).astype(np.float32)
+        return self.agent.rescaler.to_env(policy_action), {**extras, "policy_action": policy_action}
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -178,89 +243,56 @@ def greedy_agent(actor: nn.Module, env: gym.vector.VectorEnv) -> ptl_rl.Stochast
 
 # ---------------------------------------------------------------------------- training
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Train, then evaluate the final weights; returns the run's summary."""
-    start = time.perf_counter()
-    torch.set_num_threads(args.threads)
-    pl.seed_everything(args.seed, verbose=False)
-
+    """Train, then evaluate the final weights; returns the run's summary (see ``harness.run``)."""
+    harness.set_up(args)
     env = make_env(args.env_id, args.num_envs)
-    eval_env = make_env(args.env_id, args.eval_episodes)
-    if not isinstance(env.single_action_space, gym.spaces.Box):
-        raise ValueError(f"SAC needs a Box action space; {args.env_id} has {env.single_action_space}")
     obs_dim = int(np.prod(env.single_observation_space.shape))
     model = SAC(obs_dim, env.single_action_space, args)
+    agent: Any = model.agent
+    if args.action_noise != "none":
+        act_dim = int(np.prod(env.single_action_space.shape))
+        agent = NoisyAgent(
+            agent, args.action_noise, args.noise_std, args.noise_theta, args.num_envs, act_dim, args.seed
+        )
 
-    # ExperienceSource -> ReplayBuffer -> BatchSampler: one batch per --train-every env steps
-    source = ptl_rl.ExperienceSource(env, model.agent, gamma=args.gamma, seed=args.seed)
+    # ExperienceSource -> ReplayBuffer -> BatchSampler: --gradient-steps batches per --train-freq env steps
+    source = ptl_rl.ExperienceSource(env, agent, gamma=args.gamma, seed=args.seed)
     buffer = ptl_rl.ReplayBuffer(
         source,
         capacity=args.buffer_size,
         warmup=max(args.learning_starts, args.batch_size),
-        transitions_per_yield=args.train_every,
+        transitions_per_yield=args.train_freq,
         seed=args.seed,
     )
-    pipeline = ptl_rl.BatchSampler(buffer, batch_size=args.batch_size)
-
-    evaluation = ptl_rl.PeriodicEvaluation(
-        pipeline,
-        eval_env,
-        lambda module: greedy_agent(module.actor, eval_env),
-        every_env_steps=args.eval_every,
-        episodes=args.eval_episodes,
-        stop_at_return=args.solved_return,
-        seed=args.seed + 10_000,
+    pipeline = ptl_rl.BatchSampler(replay_stage(buffer, args.gradient_steps), batch_size=args.batch_size)
+    return harness.run(
+        harness.Experiment(
+            "sac",
+            args,
+            model,
+            pipeline,
+            # epochs of 1000 batches: the env-step budget ends training (manual optimization counts every
+            # optimizer's steps in global_step, so max_steps would not mean gradient steps)
+            ptl_rl.to_dataloader(pipeline, steps_per_epoch=1_000),
+            make_env=lambda n: make_env(args.env_id, n),
+            greedy_agent=lambda module: greedy_agent(module.actor, env),
+            config={
+                "obs_dim": obs_dim,
+                "action_space": str(env.single_action_space),
+                "target_entropy": model.target_entropy,
+                "replay_ratio": args.batch_size * args.gradient_steps / args.train_freq,
+            },
+        )
     )
-    callbacks: list[pl.Callback] = [
-        ptl_rl.EpisodeStatsLogger(pipeline, every_n_steps=args.log_every),
-        ptl_rl.EnvStepLimit(pipeline, args.env_steps),
-        evaluation,
-    ]
-    if args.progress_bar:
-        callbacks.append(TQDMProgressBar(refresh_rate=args.log_every))
-    trainer = pl.Trainer(
-        accelerator=args.accelerator,
-        devices=1,
-        max_epochs=-1,  # the env-step budget ends training (manual optimization counts every optimizer's steps)
-        logger=CSVLogger(args.log_dir, name=f"sac_{args.env_id}_{args.seed}") if args.log_dir else False,
-        log_every_n_steps=args.log_every,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=args.progress_bar,
-        callbacks=callbacks,
-    )
-    trainer.fit(model, train_dataloaders=ptl_rl.to_dataloader(pipeline, steps_per_epoch=1_000))
-    train_time = time.perf_counter() - start
-
-    final_env = make_env(args.env_id, args.final_eval_episodes)
-    final_agent = greedy_agent(model.actor.cpu(), final_env)
-    final_return = float(
-        ptl_rl.evaluate(final_env, final_agent, args.final_eval_episodes, seed=args.seed + 1_000_000).mean()
-    )
-    for e in (env, eval_env, final_env):
-        e.close()
-    return {
-        "final_eval_return": final_return,
-        "env_steps": source.total_steps,
-        "solved_at_env_steps": evaluation.solved_at,
-        "solved_after_s": evaluation.solved_after_s,
-        "eval_history": evaluation.history,
-        "train_time_s": train_time,
-        "wall_time_s": time.perf_counter() - start,
-    }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    result = train(args)
-    solved = result["solved_at_env_steps"]
-    print(
-        f"{args.env_id} seed {args.seed}: "
-        + (f"solved at {solved} env steps ({result['solved_after_s']:.1f} s)" if solved is not None else "not solved")
-        + f"; final greedy return {result['final_eval_return']:.1f} over {args.final_eval_episodes} fresh episodes; "
-        f"{result['env_steps']} env steps, {result['wall_time_s']:.1f} s"
-    )
-    return result
+def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
+    """Parse ``argv`` (or take parsed args), train, print a one-line report; returns the summary."""
+    args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv)
+    summary = train(args)
+    print(harness.report(summary))
+    return summary
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

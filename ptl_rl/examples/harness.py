@@ -1,0 +1,333 @@
+"""What every example does around its algorithm: the Trainer, callbacks, stopping, final evaluation, summary.
+
+An example builds its module and pipeline and hands them to :func:`run` as an
+:class:`Experiment`; :func:`run` makes the run directory (:mod:`~ptl_rl.examples.runs`),
+fits with the shared limits (env steps, ``--time-limit``, ``--grad-clip``),
+evaluates periodically with confirmation (:class:`ConfirmedEvaluation`),
+evaluates the final weights on fresh episodes, and writes and prints the
+summary. Imported after the arguments are parsed: it loads torch and Lightning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Timer, TQDMProgressBar
+
+import ptl_rl
+from ptl_rl.examples.runs import RunDirectory
+
+#: periodic evaluation k uses seed + EVAL_SEED + 1000 k, its confirmation seed + CONFIRM_SEED + 1000 k, the final
+#: evaluation seed + FINAL_SEED: three disjoint ranges of start states, none of them the training envs' seeds
+EVAL_SEED, CONFIRM_SEED, FINAL_SEED = 10_000, 500_000, 1_000_000
+
+
+@dataclass
+class Experiment:
+    """One example's run, ready to fit.
+
+    Args:
+        algo: short name (``dqn``), the run directory's prefix.
+        args: the parsed flags (those of :func:`ptl_rl.examples.cli.example_parser` plus the algorithm's).
+        model: the LightningModule.
+        pipeline: the last pipeline stage (its ExperienceSource counts env steps and episodes).
+        loader: ``ptl_rl.to_dataloader(...)`` of the pipeline.
+        make_env: ``num_envs -> vector env`` for the evaluations.
+        greedy_agent: ``module -> agent`` acting greedily with the module's current weights.
+        max_epochs: Lightning epochs (``-1``: until a limit stops it).
+        config: derived settings that belong in ``config.json``/``hparams.yaml`` beside the flags (schedules, ...).
+        extra_summary: ``() -> dict`` of example-specific results, merged into the summary after training.
+        log_every: batches between logged episode statistics (default ``args.log_every``).
+    """
+
+    algo: str
+    args: argparse.Namespace
+    model: pl.LightningModule
+    pipeline: Any
+    loader: Any
+    make_env: Callable[[int], Any]
+    greedy_agent: Callable[[pl.LightningModule], Any]
+    max_epochs: int = -1
+    config: dict[str, Any] = field(default_factory=dict)
+    extra_summary: Callable[[], dict[str, Any]] | None = None
+    log_every: int | None = None
+
+
+class ConfirmedEvaluation(ptl_rl.PeriodicEvaluation):
+    """:class:`ptl_rl.PeriodicEvaluation` that confirms a target return on fresh episodes before it stops training.
+
+    Every ``every_env_steps`` env steps the greedy policy plays ``episodes``
+    episodes. When their mean reaches ``stop_at_return``, it plays
+    ``confirm_episodes`` more, from start states no evaluation has used
+    (seeds ``seed - EVAL_SEED + CONFIRM_SEED + 1000 k``); only if those reach
+    the target too does training stop. A failed confirmation keeps training: a
+    policy that crossed by luck of the start states (Acrobot -107.8 on fresh
+    episodes after crossing -100) is not declared solved. ``confirm_episodes=0``
+    stops at the first crossing, as the parent does.
+
+    ``history`` holds ``(env_steps, mean_return)`` of the periodic evaluations,
+    ``confirmations`` those of the confirmations; ``record(env_steps, kind,
+    returns)`` is called with every evaluation's returns (float64 [episodes]).
+    Single process only (the examples train on one device).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        confirm_episodes: int = 0,
+        record: Callable[[int, str, np.ndarray], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.confirm_episodes = int(confirm_episodes)
+        self.confirmations: list[tuple[int, float]] = []
+        self.record = record
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+        if self.every <= 0:
+            return
+        steps = self.source.total_steps
+        if steps < self.next_eval:
+            return
+        self.next_eval = steps - steps % self.every + self.every
+        k = len(self.history)
+        returns = self._returns(pl_module, self.episodes, None if self.seed is None else self.seed + 1_000 * k)
+        self.history.append((steps, float(returns.mean())))
+        self._note(pl_module, steps, "eval", returns)
+        target = self.stop_at_return
+        if target is None or returns.mean() < target:
+            return
+        if self.confirm_episodes:
+            seed = None if self.seed is None else self.seed - EVAL_SEED + CONFIRM_SEED + 1_000 * k
+            confirm = self._returns(pl_module, self.confirm_episodes, seed)
+            self.confirmations.append((steps, float(confirm.mean())))
+            self._note(pl_module, steps, "confirm", confirm)
+            if confirm.mean() < target:
+                return  # crossed by chance: keep training
+        self.solved_at, self.solved_after_s = steps, self._trained_s + time.perf_counter() - self._start
+        trainer.should_stop = True
+
+    def _returns(self, pl_module: Any, episodes: int, seed: int | None) -> np.ndarray:
+        return ptl_rl.evaluate(self.env, self.make_agent(pl_module), episodes, seed=seed)
+
+    def _note(self, pl_module: Any, steps: int, kind: str, returns: np.ndarray) -> None:
+        name = "eval/return_mean" if kind == "eval" else f"eval/{kind}_return_mean"
+        pl_module.log(name, float(returns.mean()), prog_bar=kind == "eval", on_step=True, on_epoch=False)
+        if self.record is not None:
+            self.record(steps, kind, returns)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "confirmations": [list(entry) for entry in self.confirmations]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.confirmations = [(int(steps), float(ret)) for steps, ret in state_dict.get("confirmations", [])]
+
+
+class RunRecorder(pl.Callback):
+    """Counts training batches (gradient steps, also under manual optimization) and writes finished episodes.
+
+    Episodes are taken with the source's ``pop_episodes`` (each exactly once,
+    however many finish between two batches) and appended to ``episodes.csv``.
+    """
+
+    def __init__(self, pipeline: Any, run_dir: RunDirectory | None) -> None:
+        super().__init__()
+        self.source = episode_source(pipeline)
+        self.run_dir = run_dir
+        self.batches = 0
+        if self.source is not None:
+            self.source.pop_episodes()  # only the episodes of this run's training
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.batches += 1
+        if self.source is not None and self.run_dir is not None:
+            self.run_dir.record_episodes(self.source.pop_episodes())
+
+
+def episode_source(pipeline: Any) -> Any:
+    """The pipeline's ExperienceSource, or ``None`` for an offline pipeline (a buffer filled from a dataset)."""
+    try:
+        return ptl_rl.find_stage(pipeline, ptl_rl.ExperienceSource)
+    except ValueError:
+        return None
+
+
+def full_config(experiment: Experiment) -> dict[str, Any]:
+    """The flags, the derived settings and the module's class: what ``config.json`` and ``hparams.yaml`` hold."""
+    clash = set(vars(experiment.args)) & set(experiment.config)
+    if clash:  # a derived setting must not hide the flag it came from
+        raise ValueError(f"Experiment.config repeats the flags {sorted(clash)}; name the derived settings apart")
+    return {
+        "algo": experiment.algo,
+        "module": type(experiment.model).__name__,
+        **vars(experiment.args),
+        **experiment.config,
+    }
+
+
+def stop_reason(trainer: pl.Trainer, experiment: Experiment, evaluation: ConfirmedEvaluation | None) -> str:
+    """Why ``trainer.fit`` returned, in words for ``summary.json``."""
+    source = episode_source(experiment.pipeline)
+    if trainer.interrupted:
+        return "interrupted"
+    if evaluation is not None and evaluation.solved_at is not None:
+        return "target return confirmed" if evaluation.confirm_episodes else "target return reached"
+    timer = next((cb for cb in trainer.callbacks if isinstance(cb, Timer)), None)
+    remaining = None if timer is None else timer.time_remaining("train")
+    if remaining is not None and remaining <= 0:
+        return "time limit"
+    if source is not None and source.total_steps >= experiment.args.env_steps:
+        return "env-step budget"
+    return "epoch limit"
+
+
+def run(experiment: Experiment) -> dict[str, Any]:
+    """Fit ``experiment``, evaluate the final weights on fresh episodes, write the run directory; returns the summary.
+
+    The summary (also ``summary.json``) holds ``final_eval_return``,
+    ``env_steps``, ``gradient_steps`` (training batches), ``stopped`` (why),
+    ``solved_at_env_steps``, ``eval_history`` (``[env_steps, mean_return]``
+    pairs), timings and ``run_dir`` (``None`` with ``--runs-dir ''``).
+    """
+    args, model = experiment.args, experiment.model
+    start, start_cpu = time.perf_counter(), time.process_time()
+    run_dir = RunDirectory(args.runs_dir, experiment.algo, args.env_id, args.seed) if args.runs_dir else None
+    config = full_config(experiment)
+    loggers: list[Any] = []
+    if run_dir is not None:
+        loggers = run_dir.loggers(args.tensorboard)
+        for logger in loggers:
+            logger.log_hyperparams(config)  # the full config; Lightning adds the module's own at fit
+        run_dir.write_json("config.json", config)  # after the loggers, which want an empty directory
+
+    log_every = experiment.log_every or args.log_every
+    source = episode_source(experiment.pipeline)
+    recorder = RunRecorder(experiment.pipeline, run_dir)
+    env_steps = (lambda: source.total_steps) if source is not None else (lambda: 0)
+
+    def record(steps: int, kind: str, returns: np.ndarray) -> None:
+        if run_dir is not None:
+            run_dir.record_evaluation(steps, recorder.batches, kind, returns)
+
+    # offline training (no source) has no env steps to budget, log or evaluate by
+    eval_env = experiment.make_env(args.eval_episodes) if args.eval_every and source is not None else None
+    evaluation = None
+    callbacks: list[pl.Callback] = [recorder]
+    if source is not None:
+        callbacks.append(ptl_rl.EpisodeStatsLogger(experiment.pipeline, every_n_steps=log_every))
+        callbacks.append(ptl_rl.EnvStepLimit(experiment.pipeline, args.env_steps))
+    if eval_env is not None:
+        evaluation = ConfirmedEvaluation(
+            experiment.pipeline,
+            eval_env,
+            experiment.greedy_agent,
+            every_env_steps=args.eval_every,
+            episodes=args.eval_episodes,
+            stop_at_return=args.solved_return,
+            seed=args.seed + EVAL_SEED,
+            confirm_episodes=args.confirm_episodes,
+            record=record,
+        )
+        callbacks.append(evaluation)
+    if args.progress_bar:
+        callbacks.append(TQDMProgressBar(refresh_rate=log_every))
+    trainer = pl.Trainer(
+        accelerator=args.accelerator,
+        devices=1,
+        max_epochs=experiment.max_epochs,
+        max_time=None if args.time_limit is None else datetime.timedelta(seconds=args.time_limit),
+        # manual optimization clips in the module's training_step (Lightning refuses gradient_clip_val there)
+        gradient_clip_val=args.grad_clip if model.automatic_optimization else None,
+        logger=loggers or False,
+        log_every_n_steps=log_every,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=args.progress_bar,
+        callbacks=callbacks,
+    )
+    try:
+        trainer.fit(model, train_dataloaders=experiment.loader)
+    except BaseException as error:  # Ctrl-C ends fit with SystemExit: the run directory still says what happened
+        if run_dir is not None:
+            partial = {"algo": experiment.algo, "env_id": args.env_id, "seed": args.seed,
+                       "stopped": f"interrupted ({type(error).__name__})", "env_steps": env_steps(),
+                       "gradient_steps": recorder.batches, "wall_time_s": time.perf_counter() - start}  # fmt: skip
+            run_dir.write_json("summary.json", partial)
+            run_dir.close()
+        raise
+    train_time = time.perf_counter() - start
+    stopped = stop_reason(trainer, experiment, evaluation)
+
+    final_return = final_std = float("nan")
+    if args.final_eval_episodes:
+        final_env = experiment.make_env(args.final_eval_episodes)
+        model.cpu()
+        returns = ptl_rl.evaluate(
+            final_env, experiment.greedy_agent(model), args.final_eval_episodes, seed=args.seed + FINAL_SEED
+        )
+        final_env.close()
+        final_return, final_std = float(returns.mean()), float(returns.std())
+        record(env_steps(), "final", returns)
+    for env in (getattr(source, "env", None), eval_env):
+        if env is not None:
+            env.close()
+    summary: dict[str, Any] = {
+        "algo": experiment.algo,
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "stopped": stopped,
+        "final_eval_return": final_return,
+        "final_eval_return_std": final_std,
+        "final_eval_episodes": args.final_eval_episodes,
+        "env_steps": env_steps(),
+        "episodes": 0 if source is None else source.episodes_finished,
+        "gradient_steps": recorder.batches,
+        "solved_return": args.solved_return,
+        "solved_at_env_steps": evaluation.solved_at if evaluation else None,
+        "solved_after_s": evaluation.solved_after_s if evaluation else None,
+        "eval_history": list(evaluation.history) if evaluation else [],
+        "confirmations": list(evaluation.confirmations) if evaluation else [],
+        "train_time_s": train_time,
+        "wall_time_s": time.perf_counter() - start,
+        "cpu_time_s": time.process_time() - start_cpu,
+        "run_dir": None if run_dir is None else str(run_dir.path),
+    }
+    if experiment.extra_summary is not None:
+        summary.update(experiment.extra_summary())
+    if run_dir is not None:
+        run_dir.write_json("summary.json", summary)
+        run_dir.close()
+        step = env_steps() if source is not None else recorder.batches
+        for logger in loggers:
+            if args.final_eval_episodes:  # also the row that makes metrics.csv exist after a run too short to log
+                logger.log_metrics({"eval/final_return_mean": final_return}, step=step)
+            logger.finalize("success")
+    return summary
+
+
+def report(summary: dict[str, Any]) -> str:
+    """One line for the terminal: what was reached, the final return, the budget used, where the run was written."""
+    solved = summary["solved_at_env_steps"]
+    reached = f"solved at {solved} env steps" if solved is not None else f"stopped: {summary['stopped']}"
+    where = f"; run directory {summary['run_dir']}" if summary["run_dir"] else ""
+    return (
+        f"{summary['env_id']} seed {summary['seed']}: {reached}; final greedy return "
+        f"{summary['final_eval_return']:.1f} over {summary['final_eval_episodes']} fresh episodes; "
+        f"{summary['env_steps']} env steps, {summary['gradient_steps']} gradient steps, "
+        f"{summary['wall_time_s']:.1f} s{where}"
+    )
+
+
+def set_up(args: argparse.Namespace) -> None:
+    """Threads and seeds, first thing in every example's ``train``."""
+    torch.set_num_threads(args.threads)
+    pl.seed_everything(args.seed, verbose=False)

@@ -1,0 +1,404 @@
+"""The examples' command lines: help, errors before heavy imports, run directories, the plot, the shared flags.
+
+Runs use tiny budgets (a few seconds each); whether the examples learn is the
+learning tests' job (test_learning*.py, test_pixel_dqn.py, test_offline.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ptl_rl.examples import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+EXAMPLES = ["dqn", "dqn_atari", "a2c", "ppo", "sac", "offline_bc"]
+RUN_FILES = {"config.json", "hparams.yaml", "metrics.csv", "episodes.csv", "evaluations.csv", "summary.json"}
+
+# tiny runs: (module, argv); every one evaluates at least once and writes a run directory
+TINY = {
+    "dqn": ["--env-steps", "1500", "--learning-starts", "500", "--eval-every", "500", "--eval-episodes", "2",
+            "--final-eval-episodes", "2"],
+    "dqn_atari": ["--env-id", "catch_env:PixelCatch-v0", "--network", "small", "--env-steps", "800", "--num-envs", "2",
+                  "--buffer-size", "1000", "--learning-starts", "300", "--batch-size", "16", "--eval-every", "400",
+                  "--eval-episodes", "2", "--final-eval-episodes", "2", "--accelerator", "cpu", "--log-every", "20"],
+    "a2c": ["--env-steps", "1200", "--eval-every", "600", "--eval-episodes", "2", "--final-eval-episodes", "2"],
+    "ppo": ["--env-steps", "1024", "--steps-per-env", "16", "--update-epochs", "2", "--eval-every", "512",
+            "--eval-episodes", "2", "--final-eval-episodes", "2"],
+    "sac": ["--env-steps", "500", "--learning-starts", "300", "--batch-size", "64", "--hidden", "32",
+            "--eval-every", "250", "--eval-episodes", "1", "--final-eval-episodes", "1", "--action-noise", "ou"],
+    "offline_bc": ["--epochs", "1", "--steps-per-epoch", "20", "--final-eval-episodes", "2"],
+}  # fmt: skip
+
+
+def run_python(code: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -c code args...`` from the repository root, with the tests folder importable (catch_env)."""
+    env = {"PYTHONPATH": f"{ROOT}:{TESTS}", "PATH": "/usr/bin:/bin"}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env
+    )
+
+
+# the example runs as `python -m`; afterwards, report whether torch or Lightning were imported
+RUN_AS_MAIN = """
+import runpy, sys
+name, argv = sys.argv[1], sys.argv[2:]
+sys.argv = [name, *argv]
+try:
+    runpy.run_module(f"ptl_rl.examples.{name}", run_name="__main__")
+except SystemExit as exit:
+    heavy = sorted(m for m in ("torch", "pytorch_lightning", "lightning") if m in sys.modules)
+    print("HEAVY:", ",".join(heavy), file=sys.stderr)
+    raise
+"""
+
+
+@pytest.fixture
+def restore_torch_threads():
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------- help and errors, before heavy imports
+@pytest.mark.parametrize("name", [*EXAMPLES, "plot"])
+def test_help_names_the_module_and_imports_neither_torch_nor_lightning(name):
+    done = run_python(RUN_AS_MAIN, name, "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: python -m ptl_rl.examples.{name}")
+    assert "HEAVY: \n" in done.stderr, f"--help imported {done.stderr.split('HEAVY:')[-1].strip()}"
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_flag_has_help_and_shows_its_default(name, monkeypatch):
+    """Catch the parser as ``cli.parse`` receives it and read its options."""
+    module = __import__(f"ptl_rl.examples.{name}", fromlist=["parse_args"])
+    seen = {}
+
+    def capture(parser, *args, **kwargs):
+        seen["parser"] = parser
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli, "parse", capture)
+    with pytest.raises(SystemExit):
+        module.parse_args([])
+    parser = seen["parser"]
+    options = [action for action in parser._actions if action.option_strings and action.dest != "help"]
+    assert len(options) >= 15
+    missing = [action.option_strings[0] for action in options if not action.help]
+    assert not missing, f"flags without help text: {missing}"
+    text = parser.format_help()
+    assert text.count("(default:") == len(options), "ArgumentDefaultsHelpFormatter shows each default"
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_a_mistyped_env_id_exits_2_with_a_suggestion_before_heavy_imports(name):
+    done = run_python(RUN_AS_MAIN, name, "--env-id", "CartPol-v1")
+    assert done.returncode == 2
+    assert f"usage: python -m ptl_rl.examples.{name}" in done.stderr
+    assert "--env-id CartPol-v1: no such gymnasium env; did you mean CartPole-v1" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "HEAVY: \n" in done.stderr, "the env check ran after torch/Lightning were imported"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--time-limit", "1:xx"], "is not SS, MM:SS or HH:MM:SS"),
+        (["--grad-clip", "-1"], "--grad-clip must be >= 0"),
+        (["--train-freq", "0"], "--train-freq must be >= 1"),
+        (["--env-id", "Pendulum-v1"], "DQN needs Discrete actions, but Pendulum-v1 has Box"),
+    ],
+)
+def test_bad_shared_flags_end_in_a_usage_error(argv, message, capsys):
+    from ptl_rl.examples import dqn
+
+    with pytest.raises(SystemExit) as exit_info:
+        dqn.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_time_limit_reads_seconds_minutes_and_hours():
+    assert cli.time_limit("5400") == 5400
+    assert cli.time_limit("01:30:00") == 5400
+    assert cli.time_limit("1:30") == 90
+    assert cli.time_limit("0:00:02.5") == 2.5
+
+
+def test_target_return_defaults_to_the_envs_reward_threshold():
+    from ptl_rl.examples import ppo, sac
+
+    assert ppo.parse_args([]).solved_return == 475.0  # CartPole-v1's registered threshold
+    assert ppo.parse_args(["--env-id", "Acrobot-v1"]).solved_return == -100.0
+    assert ppo.parse_args(["--env-id", "Acrobot-v1", "--solved-return", "inf"]).solved_return is None
+    assert sac.parse_args([]).solved_return == -200.0  # Pendulum-v1 has none: the example's own target
+    assert sac.parse_args(["--env-id", "MountainCarContinuous-v0"]).solved_return == 90.0
+    assert ppo.parse_args(["--eval-episodes", "7"]).confirm_episodes == 7  # none: as many as an evaluation
+
+
+# ---------------------------------------------------------------------- run directories
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One tiny run of each example, in-process (the imports are paid once): name -> (summary, run directory)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    base = tmp_path_factory.mktemp("runs")
+    sys.path.insert(0, str(TESTS))  # catch_env for dqn_atari
+    done = {}
+    try:
+        for name, argv in TINY.items():
+            module = __import__(f"ptl_rl.examples.{name}", fromlist=["main"])
+            summary = module.main([*argv, "--seed", "3", "--no-progress-bar", "--runs-dir", str(base)])
+            done[name] = (summary, Path(summary["run_dir"]))
+    finally:
+        sys.path.remove(str(TESTS))
+        torch.set_num_threads(threads)
+    return done
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_a_run_writes_its_directory(name, runs):
+    summary, run_dir = runs[name]
+    env_part = {"dqn_atari": "catch_env-PixelCatch-v0", "sac": "Pendulum-v1"}.get(name, "CartPole-v1")
+    assert run_dir.name.startswith(f"{name}_{env_part}_3_2")  # then the start time, YYYYmmdd-HHMMSS
+    files = {path.name for path in run_dir.iterdir()}
+    assert RUN_FILES <= files, f"missing {RUN_FILES - files}"
+    pytest.importorskip("tensorboard")
+    assert any(path.name.startswith("events.out.tfevents") for path in (run_dir / "tensorboard").iterdir())
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_the_run_directory_holds_config_summary_episodes_and_evaluations(name, runs):
+    summary, run_dir = runs[name]
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["algo"] == name and config["seed"] == 3 and config["env_id"]
+    hparams = (run_dir / "hparams.yaml").read_text()
+    for key in ("env_id:", "seed: 3", "time_limit:", "grad_clip:"):
+        assert key in hparams
+
+    written = json.loads((run_dir / "summary.json").read_text())
+    for key in ("final_eval_return", "env_steps", "wall_time_s", "stopped", "gradient_steps"):
+        assert key in written
+    assert written["env_steps"] == summary["env_steps"] and written["gradient_steps"] > 0
+
+    evaluations = read_rows(run_dir / "evaluations.csv")
+    kinds = [row["kind"] for row in evaluations]
+    assert kinds[-1] == "final" and int(evaluations[-1]["episodes"]) == config["final_eval_episodes"]
+    assert float(evaluations[-1]["return_mean"]) == pytest.approx(summary["final_eval_return"])
+    if name == "offline_bc":  # no env steps while training from a dataset
+        assert summary["env_steps"] == 0 and kinds == ["final"]
+        return
+    periodic = [row for row in evaluations if row["kind"] == "eval"]
+    assert periodic, "the tiny budget covers at least one evaluation"
+    # evaluation history against env steps: each at or just past a multiple of --eval-every
+    eval_steps = [int(row["env_steps"]) for row in periodic]
+    assert eval_steps == [steps for steps, _ in summary["eval_history"]]
+    assert all(steps >= config["eval_every"] * (i + 1) for i, steps in enumerate(eval_steps))
+    assert eval_steps == sorted(eval_steps) and eval_steps[-1] <= summary["env_steps"]
+
+    episodes = read_rows(run_dir / "episodes.csv")
+    assert len(episodes) == summary["episodes"] > 0, "every finished training episode is written once"
+    steps = [int(row["env_steps"]) for row in episodes]
+    assert steps == sorted(steps) and steps[-1] <= summary["env_steps"]
+    assert all(int(row["length"]) >= 1 for row in episodes)
+
+
+def test_dqn_hparams_name_env_seed_nstep_and_epsilon(runs):
+    _, run_dir = runs["dqn"]
+    hparams = (run_dir / "hparams.yaml").read_text()
+    for key in ("env_id: CartPole-v1", "seed: 3", "n_step: 3", "eps_start:", "eps_end:", "eps_decay_steps:",
+                "epsilon: linear", "train_freq: 4", "gradient_steps: 1", "hidden: 64"):  # fmt: skip
+        assert key in hparams, key
+
+
+def test_the_command_line_writes_a_run_directory(tmp_path):
+    """One run through ``python -m`` end to end (the others run in-process)."""
+    argv = [*TINY["dqn"], "--env-steps", "600", "--eval-every", "0", "--no-progress-bar", "--runs-dir", str(tmp_path)]
+    done = run_python(RUN_AS_MAIN, "dqn", *argv, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (run_dir,) = tmp_path.iterdir()
+    assert RUN_FILES <= {path.name for path in run_dir.iterdir()}
+    assert f"run directory {run_dir}" in done.stdout
+
+
+def test_empty_runs_dir_writes_nothing(tmp_path, monkeypatch, restore_torch_threads):
+    from ptl_rl.examples import dqn
+
+    monkeypatch.chdir(tmp_path)
+    argv = [*TINY["dqn"], "--env-steps", "600", "--eval-every", "0", "--no-progress-bar", "--runs-dir", ""]
+    summary = dqn.main(argv)
+    assert summary["run_dir"] is None and not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------------- the plot command
+def test_plot_writes_a_png_of_several_runs(runs, tmp_path):
+    pytest.importorskip("matplotlib")
+    from ptl_rl.examples import plot
+
+    output = plot.main([str(runs["dqn"][1]), str(runs["a2c"][1]), str(runs["sac"][1]), "-o", str(tmp_path / "c.png")])
+    data = output.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_plot_rejects_a_folder_that_is_not_a_run(tmp_path, capsys):
+    from ptl_rl.examples import plot
+
+    with pytest.raises(SystemExit) as exit_info:
+        plot.parse_args([str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "not a run directory (no episodes.csv)" in capsys.readouterr().err
+
+
+def test_moving_average_matches_a_brute_force_mean():
+    from ptl_rl.examples.plot import moving_average
+
+    values = list(np.random.default_rng(0).normal(size=50))
+    expected = [np.mean(values[max(0, i - 6) : i + 1]) for i in range(50)]
+    np.testing.assert_allclose(moving_average(values, 7), expected)
+
+
+# ---------------------------------------------------------------------- stopping
+class FakeTrainer:
+    should_stop = False
+
+
+class FakeModule:
+    def log(self, *args, **kwargs):
+        pass
+
+
+def test_a_crossing_that_fresh_episodes_do_not_confirm_keeps_training(monkeypatch):
+    from ptl_rl.examples.harness import ConfirmedEvaluation
+
+    source = type("Source", (), {"total_steps": 0, "episodes_finished": 0, "recent_episodes": None,
+                                 "pop_episodes": None, "episode_stats": None})()  # fmt: skip
+    notes = []
+    evaluation = ConfirmedEvaluation(
+        source, None, lambda module: None, every_env_steps=100, episodes=4, stop_at_return=10.0, seed=5,
+        confirm_episodes=6, record=lambda steps, kind, returns: notes.append((steps, kind, len(returns))),
+    )  # fmt: skip
+    # periodic evaluation means 12 (crosses), 8, 11 (crosses); confirmations 7 (fails), 10 (confirms)
+    scripted = iter([12.0, 7.0, 8.0, 11.0, 10.0])
+    seeds = []
+
+    def returns(self, module, episodes, seed):
+        seeds.append(seed)
+        return np.full(episodes, next(scripted))
+
+    monkeypatch.setattr(ConfirmedEvaluation, "_returns", returns)
+    trainer = FakeTrainer()
+    for steps in (100, 200, 300):
+        source.total_steps = steps
+        evaluation.on_train_batch_end(trainer, FakeModule())
+        assert trainer.should_stop == (steps == 300), steps
+    assert notes == [(100, "eval", 4), (100, "confirm", 6), (200, "eval", 4), (300, "eval", 4), (300, "confirm", 6)]
+    assert evaluation.solved_at == 300 and evaluation.confirmations == [(100, 7.0), (300, 10.0)]
+    assert evaluation.history == [(100, 12.0), (200, 8.0), (300, 11.0)]
+    assert len(set(seeds)) == len(seeds), "every evaluation and confirmation starts from its own seeds"
+
+
+def test_time_limit_stops_training_and_says_so(tmp_path, restore_torch_threads):
+    from ptl_rl.examples import dqn
+
+    argv = ["--env-steps", "10000000", "--time-limit", "3", "--eval-every", "0", "--final-eval-episodes", "1",
+            "--no-progress-bar", "--runs-dir", str(tmp_path)]  # fmt: skip
+    summary = dqn.main(argv)
+    assert summary["stopped"] == "time limit"
+    assert 3 <= summary["train_time_s"] and summary["env_steps"] < 10_000_000
+    assert json.loads((Path(summary["run_dir"]) / "summary.json").read_text())["stopped"] == "time limit"
+
+
+# ---------------------------------------------------------------------- gradient clipping
+@pytest.mark.parametrize(("name", "argv"), [("dqn", TINY["dqn"]), ("sac", TINY["sac"])])
+def test_grad_clip_bounds_every_optimizer_steps_gradient_norm(name, argv, monkeypatch, restore_torch_threads):
+    """DQN clips through Lightning (automatic optimization), SAC by hand (manual): both via clip_gradients."""
+    import pytorch_lightning as pl
+    import torch
+
+    module = __import__(f"ptl_rl.examples.{name}", fromlist=["main"])
+    clip_gradients = pl.LightningModule.clip_gradients
+    norms = []
+
+    def spy(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        norms.append((gradient_clip_val, float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))))
+
+    monkeypatch.setattr(pl.LightningModule, "clip_gradients", spy)
+    module.main([*argv, "--eval-every", "0", "--grad-clip", "0.01", "--no-progress-bar", "--runs-dir", ""])
+    assert norms and all(value == 0.01 for value, _ in norms)
+    assert max(norm for _, norm in norms) <= 0.01 * (1 + 1e-4)
+
+
+# ---------------------------------------------------------------------- burst training
+@pytest.mark.parametrize(("train_freq", "gradient_steps"), [(1, 1), (4, 1), (8, 3), (5, 16)])
+def test_burst_takes_g_batches_every_k_env_steps(train_freq, gradient_steps):
+    import gymnasium as gym
+
+    import ptl_rl
+    from ptl_rl.examples.burst import replay_stage
+
+    env = gym.make_vec("CartPole-v1", num_envs=1, vectorization_mode="sync")
+    source = ptl_rl.ExperienceSource(env, lambda obs: np.zeros(len(obs), dtype=np.int64), seed=0)
+    buffer = ptl_rl.ReplayBuffer(source, capacity=1_000, warmup=50, transitions_per_yield=train_freq, seed=0)
+    sampler = ptl_rl.BatchSampler(replay_stage(buffer, gradient_steps), batch_size=8)
+    steps_at_batch = [(next(sampler), source.total_steps)[1] for _ in range(12 * gradient_steps)]
+    # brute force: batch i follows burst i // G, which follows the warm-up and (i // G) * K more env steps
+    first = max(50, train_freq)
+    expected = [first + (i // gradient_steps) * train_freq for i in range(12 * gradient_steps)]
+    assert steps_at_batch == expected
+    env.close()
+
+
+# ---------------------------------------------------------------------- SAC exploration noise
+def test_ou_noise_has_the_asked_std_and_correlation_and_restarts_each_episode():
+    import gymnasium as gym
+
+    import ptl_rl
+    from ptl_rl.examples.sac import NoisyAgent
+
+    space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+
+    class Zero:
+        """A stand-in for the policy agent: policy action 0, after its warm-up."""
+
+        total_steps, warmup_steps = 10, 0
+        rescaler = ptl_rl.ActionRescaler(space)
+
+        def __call__(self, obs):
+            return np.zeros((1, 1), np.float32), {"policy_action": np.zeros((1, 1), np.float32)}
+
+    agent = NoisyAgent(Zero(), "ou", std=0.3, theta=0.05, num_envs=1, act_dim=1, seed=0)
+    samples = np.array([agent(None)[1]["policy_action"][0, 0] for _ in range(40_000)], dtype=np.float64)
+    assert abs(samples.std() - 0.3) < 0.03
+    lag1 = np.corrcoef(samples[:-1], samples[1:])[0, 1]
+    assert abs(lag1 - 0.95) < 0.02  # 1 - theta
+    env_action, extras = agent(None)
+    np.testing.assert_allclose(env_action, 2.0 * extras["policy_action"], rtol=1e-6)  # rescaled to [-2, 2]
+    agent.reset_state(np.array([True]))
+    assert agent.state[0, 0] == 0.0
+
+
+def test_sac_action_noise_flags():
+    from ptl_rl.examples import sac
+
+    args = sac.parse_args(["--action-noise", "ou", "--noise-std", "0.8", "--noise-theta", "0.02"])
+    assert (args.action_noise, args.noise_std, args.noise_theta) == ("ou", 0.8, 0.02)
+    with pytest.raises(SystemExit):
+        sac.parse_args(["--noise-theta", "0"])
