@@ -185,9 +185,17 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     """Import a public name from its module on first access (see the module docstring)."""
     module = _PUBLIC_API.get(name)
-    if module is None:
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    elif not name.startswith("_"):  # a subpackage or module, as `import ptl_rl` once loaded them: ptl_rl.buffers
+        try:
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{name}":
+                raise  # the module exists but one of its own imports failed
+            raise AttributeError(f"module 'ptl_rl' has no attribute {name!r}") from None
+    else:
         raise AttributeError(f"module 'ptl_rl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later accesses find it directly
     return value
 

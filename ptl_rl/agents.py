@@ -15,6 +15,7 @@ from ptl_rl.distributions import ActionDistribution, ActionRescaler, Categorical
 from ptl_rl.ranks import rank_seed
 from ptl_rl.schedules import LinearSchedule, as_schedule
 from ptl_rl.selectors import EpsilonGreedySelector
+from ptl_rl.state import check_version, versioned
 
 
 class _DeviceOf:
@@ -129,12 +130,15 @@ class DQNAgent:
         if hook is not None:
             hook(rank)
 
+    STATE_VERSION = 1
+
     def state_dict(self) -> dict[str, Any]:
         """The selector's state (exploration RNG, epsilon); the network's weights live in the LightningModule."""
         hook = getattr(self.selector, "state_dict", None)
-        return {"selector": hook()} if hook is not None else {}
+        return versioned({"selector": hook()} if hook is not None else {}, self.STATE_VERSION)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_version(state, self.STATE_VERSION, type(self).__name__)
         if "selector" in state:
             self.selector.load_state_dict(state["selector"])
 
@@ -256,11 +260,15 @@ class _SeededAgentState:
         """Rank-distinct sampling under DDP."""
         self._generator.set_rank(rank)
 
+    STATE_VERSION = 1
+
     def state_dict(self) -> dict[str, Any]:
         """Env-step count and sampling RNG states; the networks' weights live in the LightningModule."""
-        return {"total_steps": self.total_steps, "generators": self._generator.state_dict()}
+        state = {"total_steps": self.total_steps, "generators": self._generator.state_dict()}
+        return versioned(state, self.STATE_VERSION)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_version(state, self.STATE_VERSION, type(self).__name__)
         self.on_env_steps(int(state["total_steps"]))  # type: ignore[attr-defined]
         self._generator.load_state_dict(state["generators"])
 

@@ -19,6 +19,7 @@ from ptl_rl.profiling import PipelineProfile, profile
 from ptl_rl.ranks import rank_seed
 from ptl_rl.source import ExperienceSource
 from ptl_rl.stages import find_episode_source
+from ptl_rl.state import check_version, versioned
 
 
 def _global_env_steps(trainer: Any, source: ExperienceSource) -> int:
@@ -88,10 +89,13 @@ class EpisodeStatsLogger(_PipelineCallback):
             if "return_mean" in stats:
                 pl_module.log("return", stats["return_mean"], prog_bar=True, logger=False, on_step=True, on_epoch=False)
 
+    STATE_VERSION = 1
+
     def state_dict(self) -> dict[str, Any]:
-        return {"logged_episodes": self._logged_episodes}
+        return versioned({"logged_episodes": self._logged_episodes}, self.STATE_VERSION)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        check_version(state_dict, self.STATE_VERSION, type(self).__name__)
         self._logged_episodes = int(state_dict["logged_episodes"])
 
 
@@ -189,16 +193,20 @@ class PeriodicEvaluation(_PipelineCallback):
             )
         return mean_return
 
+    STATE_VERSION = 1
+
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "next_eval": self.next_eval,
             "history": [list(entry) for entry in self.history],
             "solved_at": self.solved_at,
             "solved_after_s": self.solved_after_s,
             "trained_s": self._trained_s + time.perf_counter() - self._start,
         }
+        return versioned(state, self.STATE_VERSION)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        check_version(state_dict, self.STATE_VERSION, type(self).__name__)
         self.next_eval = int(state_dict["next_eval"])
         self.history = [(int(steps), float(ret)) for steps, ret in state_dict["history"]]
         self.solved_at = state_dict["solved_at"]

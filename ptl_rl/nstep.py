@@ -34,6 +34,7 @@ import torch
 from ptl_rl.batch import TransitionBatch, tree_map
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
 from ptl_rl.reprs import stage_repr
+from ptl_rl.state import check_version, versioned
 
 # Fields that describe the end of a step rather than its start: they are not kept in the window.
 _STEP_END_FIELDS = ("next_obs", "terminated", "truncated", "discount", "env_id")
@@ -488,6 +489,8 @@ class NStepTransform:
         return window_rows, no_end, full_discount
 
     # ------------------------------------------------------------------ state
+    STATE_VERSION = 1
+
     def state_dict(self) -> dict[str, Any]:
         """In-flight windows as tensors (``weights_only``-safe).
 
@@ -497,20 +500,22 @@ class NStepTransform:
         episodes: a restored window is never continued with new steps.
         """
         if self._window is None:
-            return {"window": None}
+            return versioned({"window": None}, self.STATE_VERSION)
         to_t = lambda a: torch.from_numpy(a.copy())  # noqa: E731
-        return {
+        state = {
             "window": {name: tree_map(to_t, store) for name, store in self._window.items()},
             "last_next_obs": tree_map(to_t, _take(self._next_obs, self._last_slots())),
             "head": to_t(self._head),
             "length": to_t(self._length),
         }
+        return versioned(state, self.STATE_VERSION)
 
     def _last_slots(self) -> np.ndarray:
         """[E]: the ring slot of each env's most recent step."""
         return np.arange(len(self._head)) * self.n + (self._head - 1) % self.n
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_version(state, self.STATE_VERSION, type(self).__name__)
         self._sized_for_source = False  # the restored windows may be sized for fewer envs than the upstream has
         self._lock_ids, self._lock_phase, self._quiet, self._views = None, None, 0, None
         self._upstream_seq = None  # the next upstream batch is no gap: there is nothing to continue

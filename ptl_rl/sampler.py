@@ -13,6 +13,7 @@ from ptl_rl.nstep import NStepTransform
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
 from ptl_rl.reprs import stage_repr
 from ptl_rl.source import ExperienceSource
+from ptl_rl.state import check_version, versioned
 
 
 class Sampleable(Protocol):
@@ -116,11 +117,14 @@ class BatchSampler:
             placement["pin_memory"] = True
         return stage_repr(self, batch_size=self.batch_size, **placement)
 
+    STATE_VERSION = 1
+
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        """Nothing but the format version: the sampling RNG lives in the buffer."""
+        return versioned({}, self.STATE_VERSION)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        check_version(state, self.STATE_VERSION, type(self).__name__)
 
 
 def _check_upstream(upstream: Any, batch_size: int) -> None:

@@ -39,6 +39,7 @@ from ptl_rl.checks import check_agent
 from ptl_rl.envpool import as_vector_env
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
 from ptl_rl.reprs import env_name, stage_repr
+from ptl_rl.state import check_version, versioned
 
 NEXT_STEP, SAME_STEP, DISABLED = "NextStep", "SameStep", "Disabled"
 _AUTORESET_MODES = (NEXT_STEP, SAME_STEP, DISABLED)
@@ -369,6 +370,8 @@ class ExperienceSource:
         return stats
 
     # ------------------------------------------------------------------ state
+    STATE_VERSION = 1
+
     def state_dict(self) -> dict[str, Any]:
         """Counters and recent episodes (plain containers, ``weights_only``-safe).
 
@@ -387,9 +390,10 @@ class ExperienceSource:
             self.agent, "parameters"
         ):  # an nn.Module's weights live in the LightningModule
             state["agent"] = agent_state_dict()
-        return state
+        return versioned(state, self.STATE_VERSION)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        check_version(state, self.STATE_VERSION, type(self).__name__)
         self.total_steps = int(state["total_steps"])
         self.episodes_finished = int(state["episodes_finished"])
         self._reset_count = int(state["reset_count"])

@@ -15,6 +15,11 @@ def test_every_public_name_resolves_from_the_module_that_defines_it():
         assert value is getattr(sys.modules[ptl_rl._PUBLIC_API[name]], name), name
 
 
+def test_subpackages_resolve_as_attributes_after_a_plain_import():
+    assert ptl_rl.buffers.FrameStorage is ptl_rl.FrameStorage
+    assert ptl_rl.distributed.__name__ == "ptl_rl.distributed"
+
+
 def test_unknown_names_raise_attribute_error():
     try:
         ptl_rl.NoSuchStage  # noqa: B018

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 import ptl_rl
 from ptl_rl.state import STATE_VERSION_KEY
@@ -36,7 +38,41 @@ def _rollout() -> ptl_rl.RolloutBuffer:
     return ptl_rl.RolloutBuffer(None, 4, num_envs=2, value_fn=lambda obs: np.zeros(len(obs)))
 
 
+def _source(steps: int = 3) -> ptl_rl.ExperienceSource:
+    env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    source = ptl_rl.ExperienceSource(env, ptl_rl.DQNAgent(net, ptl_rl.EpsilonGreedySelector(0.5, seed=0)), seed=0)
+    for _ in range(steps):
+        next(source)
+    return source
+
+
+def _nstep() -> ptl_rl.NStepTransform:
+    nstep = ptl_rl.NStepTransform(_source(0), n=3, gamma=0.9)
+    next(nstep)
+    next(nstep)
+    return nstep
+
+
+def _policy_agent() -> ptl_rl.StochasticPolicyAgent:
+    actor = nn.Linear(4, 2)
+    return ptl_rl.StochasticPolicyAgent(actor, gym.spaces.Discrete(2), seed=0)
+
+
+def _evaluation() -> ptl_rl.PeriodicEvaluation:
+    source = _source(1)
+    env = gym.make("CartPole-v1")
+    return ptl_rl.PeriodicEvaluation(source, env, lambda _env: source.agent, every_env_steps=100)
+
+
 STATEFUL: dict[str, Callable[[], Any]] = {
+    "ExperienceSource": _source,
+    "NStepTransform": _nstep,
+    "BatchSampler": lambda: ptl_rl.BatchSampler(_filled(ptl_rl.ReplayBuffer(None, 16, warmup=0)), 4),
+    "DQNAgent": lambda: _source(0).agent,
+    "StochasticPolicyAgent": _policy_agent,
+    "EpisodeStatsLogger": lambda: ptl_rl.EpisodeStatsLogger(_source(1)),
+    "PeriodicEvaluation": _evaluation,
     "ReplayBuffer": lambda: _filled(ptl_rl.ReplayBuffer(None, 16, warmup=0)),
     "ReplayBuffer(replacement=False)": lambda: _filled(ptl_rl.ReplayBuffer(None, 16, warmup=0, replacement=False)),
     "PrioritizedReplayBuffer": lambda: _filled(ptl_rl.PrioritizedReplayBuffer(None, 16, warmup=0)),

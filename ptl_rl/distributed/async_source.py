@@ -42,6 +42,7 @@ from ptl_rl.distributed.common import (
 from ptl_rl.distributed.shm_ring import RingReader, RingWriter
 from ptl_rl.ranks import distributed_rank
 from ptl_rl.reprs import stage_repr
+from ptl_rl.state import check_version, versioned
 
 _POLL_S = 0.1  # how often a blocked side looks at the other one (stop flag, parent alive, child alive)
 
@@ -471,15 +472,19 @@ class AsyncSource(RemoteEpisodes):
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Learner-side state: policy version, env-step and episode counters, staleness counters."""
-        return {
+        state = {
             "version": self.version,
             "incarnation": self.incarnation,
             "counters": self.counters.state_dict(),
             "staleness": self.staleness.state_dict(),
         }
+        return versioned(state, self.STATE_VERSION)
+
+    STATE_VERSION = 1
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore the counters; a running collector is stopped, and the next one starts new episodes."""
+        check_version(state, self.STATE_VERSION, type(self).__name__)
         self.close()
         self.version = int(state["version"])
         self.incarnation = int(state["incarnation"])

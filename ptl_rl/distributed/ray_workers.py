@@ -31,6 +31,7 @@ from ptl_rl.distributed.common import (
 )
 from ptl_rl.reprs import stage_repr
 from ptl_rl.source import Episode
+from ptl_rl.state import check_version, versioned
 
 
 def _ray() -> Any:
@@ -296,16 +297,20 @@ class RayWorkers(RemoteEpisodes):
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "version": self.version,
             "incarnations": list(self.incarnations),
             "restarts": self.restarts,
             "counters": self.counters.state_dict(),
             "staleness": self.staleness.state_dict(),
         }
+        return versioned(state, self.STATE_VERSION)
+
+    STATE_VERSION = 1
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore counters and version; running actors are replaced by new incarnations at the next ``next()``."""
+        check_version(state, self.STATE_VERSION, type(self).__name__)
         if self.actors:
             self.close()
         self.version = int(state["version"])
