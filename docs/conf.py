@@ -1,7 +1,7 @@
 """Sphinx configuration of the ptl_rl documentation site.
 
 Build it with ``python -m sphinx -W --keep-going -b html docs docs/_build/html``
-(``tests/test_docs.py`` runs the same build, warnings as errors).
+(``tests/integration/test_docs.py`` runs the same build, warnings as errors).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Each notebook runs top to bottom in a fresh ``python3`` kernel started in
 a reader gets), then every output is scrubbed: absolute paths of this machine
 (the repository, the Python installation, the temporary directory, the home
 directory) are replaced by short placeholders, because committed outputs must
-not carry one developer's paths. ``tests/test_notebooks.py`` checks both.
+not carry one developer's paths. ``tests/integration/test_notebooks.py`` checks both.
 """
 
 from __future__ import annotations

@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 import torch
 from collectors import ShiftPolicy, check_rows, concat_rows, scripted_collector
+from paths import REPO, SUPPORT
 
 from ptl_rl import BatchSampler, ReplayBuffer
 from ptl_rl.distributed import RayWorkers
 
 ray = pytest.importorskip("ray")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+HERE = str(SUPPORT)  # the collectors' module, for the actors to import
+ROOT = str(REPO)
 
 
 @pytest.fixture(scope="session")

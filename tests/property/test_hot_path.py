@@ -3,7 +3,7 @@
 * NStepTransform's lockstep path (a source's full batches, no episode end, every window full)
   is only taken with a real ``one_row_per_env`` upstream, so these tests feed the scripted
   source's batches through such an upstream and compare with ``reference_nstep`` (the same
-  reference and the same field checks as tests/test_nstep.py).
+  reference and the same field checks as tests/property/test_nstep.py).
 * ArrayStorage checks each batch layout once: a batch that changes a dtype or a shape after the
   first batches must still be refused with the full check's error, before anything is written.
 """

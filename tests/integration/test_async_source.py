@@ -17,13 +17,14 @@ import psutil
 import pytest
 import torch
 from collectors import ShiftPolicy, check_rows, concat_rows, scripted_collector
+from paths import REPO, SUPPORT
 from scripted_env import obs_code
 
 from ptl_rl import BatchSampler, ExperienceSource, ReplayBuffer, TransitionBatch, find_stage, to_dataloader
 from ptl_rl.distributed import AsyncSource, CollectorError, WorkerInfo
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+HERE = str(SUPPORT)  # the collectors' module, for processes that import it
+ROOT = str(REPO)
 
 
 def _gone(pid: int, within: float = 10.0) -> bool:

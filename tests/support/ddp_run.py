@@ -1,10 +1,10 @@
 """A 2-process CPU DDP run of a ptl_rl pipeline, as a user's training script would do it.
 
-Run by tests/test_ddp.py (Lightning's DDP launcher re-runs this script for
+Run by tests/integration/test_ddp.py (Lightning's DDP launcher re-runs this script for
 rank 1, so it must be a script, not a test function):
 
-    python tests/ddp_run.py train OUT_DIR PACKAGE    # train to an env-step budget, checkpoint
-    python tests/ddp_run.py resume OUT_DIR PACKAGE   # resume from OUT_DIR/last.ckpt, record restored state
+    python tests/support/ddp_run.py train OUT_DIR PACKAGE    # train to an env-step budget, checkpoint
+    python tests/support/ddp_run.py resume OUT_DIR PACKAGE   # resume from OUT_DIR/last.ckpt, record restored state
 
 Each rank writes what it saw to ``OUT_DIR/<phase>_rank<r>.pt`` for the test to compare.
 """

@@ -10,8 +10,9 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 pytest.importorskip("sphinx", reason="the docs need the docs extra: pip install -e '.[docs]'")
 pytest.importorskip("myst_parser", reason="the docs need the docs extra: pip install -e '.[docs]'")

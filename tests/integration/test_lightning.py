@@ -8,7 +8,6 @@ is written the way Lightning users write them: ``self.log(..., on_epoch=True)``,
 
 from __future__ import annotations
 
-import importlib
 import warnings
 
 import gymnasium as gym
@@ -19,13 +18,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import ptl_rl
-
-PACKAGES = ["pytorch_lightning", "lightning.pytorch"]
-
-
-@pytest.fixture(params=PACKAGES)
-def L(request):  # noqa: N802 - the name users give the package
-    return importlib.import_module(request.param)
 
 
 def build_pipeline(seed: int = 0, batch_size: int = 16, prioritized: bool = False, epsilon=0.5):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 def readme_commands() -> list[str]:

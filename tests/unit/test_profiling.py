@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -13,8 +11,6 @@ from torch import nn
 
 import ptl_rl
 from ptl_rl.profiling import HOST_TO_DEVICE
-
-PACKAGES = ["pytorch_lightning", "lightning.pytorch"]
 
 
 def build(num_envs: int = 4, batch_size: int = 16, n: int = 3):
@@ -107,11 +103,6 @@ def test_host_to_device_copy_is_counted() -> None:
 def test_a_pipeline_without_clocks_is_refused() -> None:
     with pytest.raises(ValueError, match="keeps time"):
         ptl_rl.profile(iter([]))
-
-
-@pytest.fixture(params=PACKAGES)
-def L(request):  # noqa: N802 - the name users give the package
-    return importlib.import_module(request.param)
 
 
 def test_profiler_callback_logs_throughput_and_shares(L) -> None:  # noqa: N803

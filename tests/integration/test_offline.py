@@ -377,13 +377,6 @@ def test_missing_minari_names_the_extra(monkeypatch):
 
 
 # ---------------------------------------------------------------------- learning
-@pytest.fixture
-def restore_torch_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.learning
 def test_behaviour_cloning_from_a_recorded_expert_solves_cartpole(restore_torch_threads):
     # python -m ptl_rl.examples.offline_bc --seed 0: record 20 PD-expert episodes, clone them for 1000 steps

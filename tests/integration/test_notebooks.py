@@ -22,8 +22,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 # substrings that only a machine-specific path would put in an output
 MACHINE_PATHS = ("/work/", "/home/", ".venv", "/tmp/", "/Users/")

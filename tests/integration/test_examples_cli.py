@@ -14,11 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import REPO, SUPPORT
 
 from ptl_rl.examples import cli
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = Path(__file__).resolve().parent
+ROOT = REPO
+TESTS = SUPPORT  # catch_env, for dqn_atari's smoke run
 EXAMPLES = ["dqn", "dqn_atari", "a2c", "ppo", "sac", "offline_bc"]
 RUN_FILES = {"config.json", "hparams.yaml", "metrics.csv", "episodes.csv", "evaluations.csv", "summary.json"}
 
@@ -58,15 +59,6 @@ except SystemExit as exit:
     print("HEAVY:", ",".join(heavy), file=sys.stderr)
     raise
 """
-
-
-@pytest.fixture
-def restore_torch_threads():
-    import torch
-
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------------- help and errors, before heavy imports

@@ -1,6 +1,6 @@
 """Two DDP processes on the CPU (gloo): different data per rank, per-rank checkpoint state, a shared stop.
 
-The run is a script (tests/ddp_run.py) started in its own process group with
+The run is a script (tests/support/ddp_run.py) started in its own process group with
 a timeout, so a hang fails this test instead of stalling CI.
 """
 
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import SUPPORT
 
-SCRIPT = Path(__file__).with_name("ddp_run.py")
+SCRIPT = SUPPORT / "ddp_run.py"
 TIMEOUT_S = 240
 
 

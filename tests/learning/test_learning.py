@@ -5,18 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
 
 from ptl_rl.examples import dqn
 
-QUIET = ["--no-progress-bar", "--runs-dir", ""]  # no run directory: tests/test_examples_cli.py checks those
-
-
-@pytest.fixture
-def restore_torch_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+QUIET = ["--no-progress-bar", "--runs-dir", ""]  # no run directory: tests/integration/test_examples_cli.py checks those
 
 
 def train_and_check_solved(argv: list[str]) -> dict[str, Any]:
