@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import numbers
+import warnings
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from ptl_rl.ranks import rank_seed
 from ptl_rl.schedules import LinearSchedule, as_schedule
 from ptl_rl.selectors import EpsilonGreedySelector
 from ptl_rl.state import check_version, versioned
+from ptl_rl.trees import to_numpy
 
 
 class _DeviceOf:
@@ -54,13 +56,6 @@ def obs_to_tensor(obs: Any, device: torch.device, float_dtype: torch.dtype = tor
     else:
         t = torch.as_tensor(obs, device=device)
     return t.to(float_dtype) if t.is_floating_point() and t.dtype != float_dtype else t
-
-
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A tensor on the host as numpy; bfloat16/float16 become float32 (numpy has no bfloat16)."""
-    if t.is_floating_point() and t.dtype not in (torch.float32, torch.float64):
-        t = t.float()
-    return t.cpu().numpy()
 
 
 class DQNAgent:
@@ -117,7 +112,7 @@ class DQNAgent:
     @torch.no_grad()
     def __call__(self, obs: Any) -> np.ndarray:
         q = self.net(obs_to_tensor(obs, self._device(), self._device.float_dtype()))
-        return self.selector(_to_numpy(q))
+        return self.selector(to_numpy(q))
 
     def on_env_steps(self, total_steps: int) -> None:
         hook = getattr(self.selector, "on_env_steps", None)
@@ -141,36 +136,6 @@ class DQNAgent:
         check_version(state, self.STATE_VERSION, type(self).__name__)
         if "selector" in state:
             self.selector.load_state_dict(state["selector"])
-
-
-class PolicyAgent:
-    """Samples actions from a categorical policy: ``net(obs)`` gives logits float [N, A].
-
-    Returns ``(actions int64 [N], {"log_prob": float32 [N]})``; with
-    ``greedy=True`` the most likely action instead of a sample.
-    """
-
-    action_spaces = (spaces.Discrete,)
-
-    def __init__(self, net: nn.Module, greedy: bool = False, seed: int | None = None) -> None:
-        _check_network(net, "PolicyAgent")
-        self.net = net
-        self._device = _DeviceOf(net)
-        self.greedy = greedy
-        self.generator = torch.Generator()
-        if seed is not None:
-            self.generator.manual_seed(seed)
-
-    @torch.no_grad()
-    def __call__(self, obs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        logits = self.net(obs_to_tensor(obs, self._device(), self._device.float_dtype())).float().cpu()
-        log_probs = torch.log_softmax(logits, dim=-1)
-        if self.greedy:
-            actions = log_probs.argmax(dim=-1)
-        else:
-            actions = torch.multinomial(log_probs.exp(), 1, generator=self.generator).squeeze(-1)
-        chosen = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-        return actions.numpy(), {"log_prob": chosen.numpy()}
 
 
 class TargetNet(nn.Module):
@@ -292,7 +257,9 @@ class StochasticPolicyAgent(_SeededAgentState):
     Args:
         actor: the policy network; moved with Lightning like any module (its
             device is read at each call).
-        action_space: the env's single action space.
+        action_space: the env's single action space; ``None`` for a
+            categorical policy whose actor returns logits [N, A] (a Discrete
+            space whose size the logits give; ``warmup_steps`` then needs the space).
         greedy: act with the distribution's mode instead of a sample (evaluation).
         warmup_steps: act uniformly at random (in policy space) until the
             source has taken this many env steps (SAC/TD3 warm-up); the
@@ -303,13 +270,20 @@ class StochasticPolicyAgent(_SeededAgentState):
     def __init__(
         self,
         actor: nn.Module,
-        action_space: spaces.Space,
+        action_space: spaces.Space | None = None,
         *,
         greedy: bool = False,
         warmup_steps: int = 0,
         seed: int | None = None,
     ) -> None:
-        if not isinstance(action_space, (spaces.Discrete, spaces.MultiDiscrete, spaces.Box)):
+        if action_space is None:  # a categorical policy over the actor's logits
+            self.action_spaces = (spaces.Discrete,)
+            if warmup_steps:
+                raise ValueError(
+                    "warmup_steps acts uniformly at random, which needs the action space: pass "
+                    "action_space=env.single_action_space"
+                )
+        elif not isinstance(action_space, (spaces.Discrete, spaces.MultiDiscrete, spaces.Box)):
             kind = type(action_space).__name__
             raise TypeError(f"unsupported action space {kind}; use Discrete, MultiDiscrete or Box")
         self.actor = actor
@@ -318,7 +292,7 @@ class StochasticPolicyAgent(_SeededAgentState):
         self.warmup_steps = int(warmup_steps)
         self.total_steps = 0
         self.rescaler = ActionRescaler(action_space) if isinstance(action_space, spaces.Box) else None
-        self._uniform_log_prob = uniform_log_prob(action_space)
+        self._uniform_log_prob = 0.0 if action_space is None else uniform_log_prob(action_space)
         self._generator = _GeneratorPerDevice(seed)
         self._actor_device = _DeviceOf(actor)
 
@@ -330,7 +304,7 @@ class StochasticPolicyAgent(_SeededAgentState):
             obs = obs_to_tensor(obs, self._actor_device(), dtype)
         out = self.actor(_as_float(obs, dtype))
         if isinstance(out, torch.Tensor):
-            if isinstance(self.action_space, spaces.Discrete):
+            if self.action_space is None or isinstance(self.action_space, spaces.Discrete):
                 return Categorical(out)
             if isinstance(self.action_space, spaces.MultiDiscrete):
                 return MultiCategorical(out, self.action_space.nvec)
@@ -375,12 +349,29 @@ class StochasticPolicyAgent(_SeededAgentState):
     def _outputs(
         self, action: torch.Tensor, log_prob: torch.Tensor, extras: dict[str, np.ndarray]
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        extras["log_prob"] = _to_numpy(log_prob.float())
-        action_np = _to_numpy(action)
+        extras["log_prob"] = to_numpy(log_prob.float())
+        action_np = to_numpy(action)
         if self.rescaler is None:
             return action_np.astype(np.int64, copy=False), extras
         extras["policy_action"] = action_np.astype(np.float32, copy=False)
         return self.rescaler.to_env(action_np), extras
+
+
+class PolicyAgent(StochasticPolicyAgent):
+    """Deprecated: ``StochasticPolicyAgent(net)`` does the same (a categorical policy over ``net``'s logits [N, A]).
+
+    It once was a separate, smaller agent; the two sampled the same way, so one
+    remains. ``PolicyAgent(net, greedy, seed)`` still works and warns.
+    """
+
+    def __init__(self, net: nn.Module, greedy: bool = False, seed: int | None = None) -> None:
+        warnings.warn(
+            "PolicyAgent is deprecated: use ptl_rl.StochasticPolicyAgent(net) (or pass the env's action space)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        _check_network(net, "PolicyAgent")
+        super().__init__(net, None, greedy=greedy, seed=seed)
 
 
 class ActorCriticAgent(StochasticPolicyAgent):

@@ -13,13 +13,14 @@ Core fields (see DESIGN.md): ``obs``, ``action``, ``reward`` (float32, [B]),
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import Iterable, Iterator, KeysView, Mapping, ValuesView
 from typing import Any
 
 import numpy as np
 import torch
 
 from ptl_rl.profiling import HOST_TO_DEVICE, SWITCH, perf_counter_ns
+from ptl_rl.trees import tree_leaves, tree_map  # noqa: F401 - re-exported, their home before trees.py
 
 CORE_FIELDS = (
     "obs",
@@ -31,26 +32,6 @@ CORE_FIELDS = (
     "discount",
     "env_id",
 )
-
-
-def tree_map(fn: Callable[..., Any], tree: Any, *others: Any) -> Any:
-    """Apply ``fn`` leaf-wise to ``tree`` (an array or nested dict of arrays).
-
-    ``others`` must have the same dict structure; their leaves are passed as
-    extra arguments.
-    """
-    if isinstance(tree, Mapping):
-        return {k: tree_map(fn, v, *(o[k] for o in others)) for k, v in tree.items()}
-    return fn(tree, *others)
-
-
-def tree_leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """Yield ``(dotted_path, leaf)`` pairs of a nested dict in insertion order."""
-    if isinstance(tree, Mapping):
-        for k, v in tree.items():
-            yield from tree_leaves(v, f"{prefix}.{k}" if prefix else str(k))
-    else:
-        yield prefix, tree
 
 
 # id(indices tensor) -> (weak reference to it, the priority feedback of its batch). A Lightning precision plugin

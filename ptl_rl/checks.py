@@ -9,7 +9,7 @@ a continuous action space) is reported with the fix. See
 An agent declares what it supports in one of two ways, both optional:
 
 * ``action_spaces``: a tuple of ``gymnasium.spaces.Space`` classes it can act
-  in (``DQNAgent`` and ``PolicyAgent``: ``(Discrete,)``);
+  in (``DQNAgent`` and a logits-only ``StochasticPolicyAgent``: ``(Discrete,)``);
 * ``action_space``: the space it was built for (``StochasticPolicyAgent``);
   its type must match the env's.
 

@@ -31,10 +31,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ptl_rl.batch import TransitionBatch, tree_map
+from ptl_rl.batch import TransitionBatch
+from ptl_rl.grouping import rank_within_group
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
 from ptl_rl.reprs import stage_repr
 from ptl_rl.state import check_version, versioned
+from ptl_rl.trees import tree_assign, tree_map, tree_take
 
 # Fields that describe the end of a step rather than its start: they are not kept in the window.
 _STEP_END_FIELDS = ("next_obs", "terminated", "truncated", "discount", "env_id")
@@ -42,6 +44,26 @@ _STEP_END_FIELDS = ("next_obs", "terminated", "truncated", "discount", "env_id")
 
 class NStepTransform:
     """Turn a stream of 1-step :class:`TransitionBatch` into n-step transitions.
+
+    The specification, straight from one env's steps (the brute-force reference
+    the tests compare with, row by row)::
+
+        for each episode e = steps s_0 .. s_{m-1} of one env (ended, or still running):
+            for t in 0 .. m-1:
+                k = min(n, m - t)                       # steps in the window from s_t
+                if k < n and e is still running: wait   # emitted later, or by a flush as truncated
+                row.obs, row.action, extras = those of s_t
+                row.reward     = sum(gamma**i * s_{t+i}.reward for i < k)
+                row.discount   = gamma**k
+                row.next_obs   = s_{t+k-1}.next_obs
+                row.terminated, row.truncated = s_{t+k-1}'s flags if t + k == m and e ended, else
+                                                (False, k < n)   # a flush cuts a running episode
+                emit row as soon as s_{t+k-1} has arrived
+
+    Everything below that is speed: each env keeps its last ``n - 1`` steps in a
+    ring, and a vector step folds every env's window at once through
+    precomputed tables of discounts (one matrix product instead of a loop over
+    ``k``), with a lockstep path when every env of a source steps together.
 
     Args:
         upstream: an iterator of 1-step batches (an :class:`ExperienceSource`),
@@ -329,7 +351,7 @@ class NStepTransform:
         zeros = np.zeros(len(envs), dtype=bool)
         head = self._head[envs]
         last = envs * self.n + (head - 1) % self.n  # the slot of each window's last step
-        ends = {"next_obs": _take(self._next_obs, last), "terminated": zeros, "truncated": ~zeros}
+        ends = {"next_obs": tree_take(self._next_obs, last), "terminated": zeros, "truncated": ~zeros}
         out = self._emit(envs, head, self._length[envs], ~zeros, ends, np.arange(len(envs)))
         self._length[envs] = 0  # the commit: one statement
         return out
@@ -341,8 +363,8 @@ class NStepTransform:
         # The slot at head is free (a window holds at most n - 1 steps between calls), so these
         # writes change nothing a window holds until head and length are committed below.
         for name, store in self._window.items():
-            _assign(store, slots, batch[name])
-        _assign(self._next_obs, slots, batch["next_obs"])
+            tree_assign(store, slots, batch[name])
+        tree_assign(self._next_obs, slots, batch["next_obs"])
         head = self._next_position[head]
         length = self._length[env] + 1
 
@@ -357,7 +379,7 @@ class NStepTransform:
                 out = None
             else:
                 rows = full.nonzero()[0]
-                out = self._emit_full(env[rows], head[rows], _take(batch["next_obs"], rows))
+                out = self._emit_full(env[rows], head[rows], tree_take(batch["next_obs"], rows))
                 length -= full
         else:
             full = length == n
@@ -379,7 +401,7 @@ class NStepTransform:
         rows = len(env)
         out: dict[str, Any] = {}
         for name, store in self._window.items():
-            out[name] = _take(store, first)
+            out[name] = tree_take(store, first)
         out["reward"] = self._window["reward"].take(self._window_rows[first]).dot(self._fold[0])
         out["next_obs"] = next_obs
         out["terminated"] = out["truncated"] = self._no_end[:rows]
@@ -411,22 +433,18 @@ class NStepTransform:
         src_env, src_slot = env[row], slots[row, start]
         out: dict[str, Any] = {}
         for name, store in self._window.items():
-            out[name] = _take(store, src_slot)
+            out[name] = tree_take(store, src_slot)
         out["reward"] = tail_sums[row, start]
         last = end_rows[row]
         for name in ("next_obs", "terminated", "truncated"):
-            out[name] = _take(ends[name], last)
+            out[name] = tree_take(ends[name], last)
         out["discount"] = self._discounts[length[row] - start]
         out["env_id"] = src_env
         return TransitionBatch.wrap(out)
 
     def _fold_in_order(self, batch: TransitionBatch, env_id: np.ndarray) -> TransitionBatch | None:
         """Several rows of one env in one batch: fold them occurrence by occurrence, keeping time order."""
-        order = np.argsort(env_id, kind="stable")
-        sorted_ids = env_id[order]
-        group_start = np.searchsorted(sorted_ids, sorted_ids, side="left")
-        occurrence = np.empty(len(env_id), dtype=np.int64)
-        occurrence[order] = np.arange(len(env_id)) - group_start
+        occurrence = rank_within_group(env_id)
         outputs = []
         for k in range(int(occurrence.max()) + 1):
             rows = np.flatnonzero(occurrence == k)
@@ -504,7 +522,7 @@ class NStepTransform:
         to_t = lambda a: torch.from_numpy(a.copy())  # noqa: E731
         state = {
             "window": {name: tree_map(to_t, store) for name, store in self._window.items()},
-            "last_next_obs": tree_map(to_t, _take(self._next_obs, self._last_slots())),
+            "last_next_obs": tree_map(to_t, tree_take(self._next_obs, self._last_slots())),
             "head": to_t(self._head),
             "length": to_t(self._length),
         }
@@ -532,7 +550,7 @@ class NStepTransform:
         self._length = to_np(state["length"])
         last_next_obs = tree_map(to_np, state["last_next_obs"])
         self._next_obs = tree_map(lambda a: np.zeros((len(a) * self.n, *a.shape[1:]), a.dtype), last_next_obs)
-        _assign(self._next_obs, self._last_slots(), last_next_obs)
+        tree_assign(self._next_obs, self._last_slots(), last_next_obs)
         self._scratch = np.zeros(len(self._length), dtype=np.int64)
         self._window_rows, self._no_end, self._full_discount = self._constants(len(self._length))
         self._flush_on_next = True
@@ -544,20 +562,6 @@ class NStepTransform:
         return stage_repr(self, n=self.n, gamma=self.gamma, windows_in_flight=in_flight)
 
 
-def _take(tree: Any, rows: np.ndarray) -> Any:
-    if isinstance(tree, np.ndarray):
-        return tree.take(rows, axis=0)
-    return {k: _take(v, rows) for k, v in tree.items()}
-
-
 def _read_only(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
-
-
-def _assign(store: Any, index: Any, value: Any) -> None:
-    if isinstance(store, dict):
-        for k in store:
-            _assign(store[k], index, value[k])
-    else:
-        store[index] = value

@@ -36,10 +36,11 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from ptl_rl.batch import TransitionBatch, tree_leaves, tree_map
+from ptl_rl.batch import TransitionBatch
 from ptl_rl.grouping import rank_within_group
 from ptl_rl.ranks import distributed_rank, rank_seed
 from ptl_rl.reprs import stage_repr
+from ptl_rl.trees import tree_assign, tree_leaves, tree_map, tree_take
 
 __all__ = ["MinariRecorder", "MinariSource", "minari_replay_buffer", "open_minari_dataset"]
 
@@ -246,10 +247,6 @@ def _concat(parts: list[Any]) -> Any:
     return tree_map(lambda *leaves: np.concatenate(leaves), parts[0], *parts[1:])
 
 
-def _take(tree: Any, rows: np.ndarray) -> Any:
-    return tree_map(lambda a: a.take(rows, axis=0), tree)
-
-
 # ---------------------------------------------------------------------------- loading
 class MinariSource:
     """Reads the episodes of a Minari dataset and yields 1-step :class:`TransitionBatch` es, like a source.
@@ -376,7 +373,7 @@ class MinariSource:
         if len(lanes) == 0:
             raise StopIteration
         rows = self._pos[lanes]
-        fields = {name: _take(self._rows[name], rows) for name in _ROW_FIELDS}
+        fields = {name: tree_take(self._rows[name], rows) for name in _ROW_FIELDS}
         batch = TransitionBatch(
             {
                 **fields,
@@ -510,7 +507,7 @@ class MinariSource:
         if self._rows is not None and len(busy):
             left = self._end[busy] - self._pos[busy]
             keep = np.concatenate([np.arange(p, e) for p, e in zip(self._pos[busy], self._end[busy], strict=True)])
-            parts.insert(0, {name: _take(store, keep) for name, store in self._rows.items()})
+            parts.insert(0, {name: tree_take(store, keep) for name, store in self._rows.items()})
             self._pos[busy] = np.cumsum(left) - left
             self._end[busy] = np.cumsum(left)
             kept = int(left.sum())
@@ -587,15 +584,6 @@ def _spec_of(env: Any) -> Any:
 
 
 _RECORDED_FIELDS = ("obs", "action", "reward", "terminated", "truncated")
-
-
-def _assign(store: Any, index: Any, value: Any) -> None:
-    """``store[index] = value`` leaf by leaf (a plain dict check: this runs once per field and batch)."""
-    if isinstance(store, dict):
-        for key in store:
-            _assign(store[key], index, value[key])
-    else:
-        store[index] = value
 
 
 def _rows_equal(a: Any, b: Any) -> np.ndarray:
@@ -764,7 +752,7 @@ class MinariRecorder:
         length = self._length[env]
         running = np.flatnonzero(length > 0)
         if len(running):
-            same = _rows_equal(_take(self._last_next_obs, env[running]), _take(batch["obs"], running))
+            same = _rows_equal(tree_take(self._last_next_obs, env[running]), tree_take(batch["obs"], running))
             if not same.all():
                 bad = int(env[running[~same][0]])
                 raise ValueError(
@@ -775,8 +763,8 @@ class MinariRecorder:
                 )
         self._grow_steps(int(length.max()) + 1)
         for name in _RECORDED_FIELDS:
-            _assign(self._steps[name], (env, length), batch[name])
-        _assign(self._last_next_obs, env, batch["next_obs"])
+            tree_assign(self._steps[name], (env, length), batch[name])
+        tree_assign(self._last_next_obs, env, batch["next_obs"])
         self._length[env] = length + 1
         ended = np.flatnonzero(np.asarray(batch["terminated"]) | np.asarray(batch["truncated"]))
         for e in env[ended].tolist():  # one Python step per finished episode, not per transition

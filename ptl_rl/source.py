@@ -32,14 +32,14 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
-import torch
 
-from ptl_rl.batch import CORE_FIELDS, TransitionBatch, tree_leaves, tree_map
+from ptl_rl.batch import CORE_FIELDS, TransitionBatch
 from ptl_rl.checks import check_agent
 from ptl_rl.envpool import as_vector_env
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
 from ptl_rl.reprs import env_name, stage_repr
 from ptl_rl.state import check_version, versioned
+from ptl_rl.trees import to_numpy, tree_leaves, tree_map
 
 NEXT_STEP, SAME_STEP, DISABLED = "NextStep", "SameStep", "Disabled"
 _AUTORESET_MODES = (NEXT_STEP, SAME_STEP, DISABLED)
@@ -74,16 +74,6 @@ def _autoreset_mode_of(env: Any, override: str | None) -> str:
     if mode not in _AUTORESET_MODES:
         raise ValueError(f"unknown autoreset mode {mode!r}; expected one of {_AUTORESET_MODES}")
     return mode
-
-
-def _to_numpy(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        if x.is_floating_point() and x.dtype not in (torch.float32, torch.float64):
-            x = x.float()  # numpy has no bfloat16; float16 agents get float32 too, one rule
-        return x.detach().cpu().numpy()
-    if isinstance(x, Mapping):
-        return {k: _to_numpy(v) for k, v in x.items()}
-    return np.asarray(x)
 
 
 def _bool_array(flags: Any) -> np.ndarray:
@@ -458,7 +448,7 @@ class ExperienceSource:
             out = self.agent(self._obs)
         actions, extras = out if isinstance(out, tuple) else (out, None)
         if not isinstance(actions, np.ndarray):
-            actions = _to_numpy(actions)
+            actions = to_numpy(actions)
         if actions.shape != self._action_batch_shape and not self._shape_fits(actions):
             n, shape = self.num_envs, (self._action_batch_shape or (0, "..."))[1:]
             raise ValueError(
@@ -473,7 +463,7 @@ class ExperienceSource:
         return self._action_batch_shape is None and actions.ndim > 0 and actions.shape[0] == self.num_envs
 
     def _checked_extras(self, extras: Mapping[str, Any]) -> dict[str, Any]:
-        extras = _to_numpy(dict(extras))
+        extras = to_numpy(dict(extras))
         for name, value in extras.items():
             if name in CORE_FIELDS:
                 raise ValueError(f"agent extra {name!r} collides with a core field; rename it")

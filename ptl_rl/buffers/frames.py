@@ -48,6 +48,7 @@ import torch
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.memmap import MemmapStorage, open_fresh_memmap
 from ptl_rl.buffers.storage import ArrayStorage
+from ptl_rl.grouping import rank_within_group
 from ptl_rl.state import check_version, versioned
 
 _OBS_FIELDS = ("obs", "next_obs")
@@ -817,11 +818,7 @@ def _occurrence_groups(env: np.ndarray, num_envs: int) -> list[np.ndarray | None
     counts = np.bincount(env, minlength=num_envs)
     if counts.max() <= 1:
         return [None]
-    order = np.argsort(env, kind="stable")
-    sorted_env = env[order]
-    group_start = np.searchsorted(sorted_env, sorted_env, side="left")
-    occurrence = np.empty(len(env), dtype=np.int64)
-    occurrence[order] = np.arange(len(env)) - group_start
+    occurrence = rank_within_group(env)
     return [np.flatnonzero(occurrence == k) for k in range(int(occurrence.max()) + 1)]
 
 

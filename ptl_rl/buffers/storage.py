@@ -7,8 +7,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ptl_rl.batch import TransitionBatch, tree_leaves, tree_map
+from ptl_rl.batch import TransitionBatch
 from ptl_rl.state import check_version, versioned
+from ptl_rl.trees import tree_leaves, tree_map, tree_take
 
 # The field contract's dtypes (DESIGN.md). A buffer stores these fields in these dtypes whatever the first batch
 # brought (SyncVectorEnv's float64 rewards, a recorded dataset's int terminals), and casts later batches to them.
@@ -168,7 +169,7 @@ class ArrayStorage:
     def gather(self, indices: np.ndarray) -> TransitionBatch:
         """The transitions at ``indices`` (int [B]) as a new batch (a copy)."""
         # ndarray.take is several times faster than fancy indexing for rows of 2-D arrays
-        return TransitionBatch.wrap({name: _take(v, indices) for name, v in self.fields.items()})
+        return TransitionBatch.wrap({name: tree_take(v, indices) for name, v in self.fields.items()})
 
     # ------------------------------------------------------------------ state
     STATE_VERSION = 1
@@ -237,12 +238,6 @@ def _casts_to_contract(given: np.dtype, stored: np.dtype) -> bool:
     if stored == np.bool_:
         return given.kind in "biu"  # 0/1 flags from recorded data
     return np.can_cast(given, stored, casting="same_kind")
-
-
-def _take(store: Any, indices: np.ndarray) -> Any:
-    if isinstance(store, dict):
-        return {k: _take(v, indices) for k, v in store.items()}
-    return store.take(indices, axis=0)
 
 
 def _write(store: Any, value: Any, start: int, first: int, skip: int, count: int) -> None:

@@ -195,7 +195,7 @@ def test_policy_agent_built_for_another_space_kind_is_reported():
 
 def test_agents_that_fit_the_env_and_plain_callables_pass():
     ExperienceSource(cartpole(), ptl_rl.DQNAgent(q_net()))
-    ExperienceSource(cartpole(), ptl_rl.PolicyAgent(q_net()))
+    ExperienceSource(cartpole(), ptl_rl.StochasticPolicyAgent(q_net()))  # logits, no action space needed
     ExperienceSource(cartpole(), lambda obs: np.zeros(len(obs), dtype=np.int64))
     box = pendulum().single_action_space
     ExperienceSource(pendulum(), ptl_rl.DeterministicActorAgent(nn.Linear(3, 1), box))
@@ -262,3 +262,21 @@ def test_dqn_command_line_on_pendulum_ends_with_a_usage_error_not_a_traceback():
     )
     assert run.returncode == 2
     assert "Traceback" not in run.stderr and "DQN needs Discrete actions" in run.stderr
+
+
+def test_policy_agent_is_a_deprecated_stochastic_policy_agent_over_logits():
+    with pytest.warns(DeprecationWarning, match="StochasticPolicyAgent"):
+        old = ptl_rl.PolicyAgent(q_net(), seed=3)
+    new = ptl_rl.StochasticPolicyAgent(old.actor, seed=3)
+    obs = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    (old_actions, old_extras), (new_actions, new_extras) = old(obs), new(obs)
+    np.testing.assert_array_equal(old_actions, new_actions)
+    np.testing.assert_allclose(old_extras["log_prob"], new_extras["log_prob"])
+    assert old_actions.dtype == np.int64 and set(old_actions.tolist()) <= {0, 1}
+    logits = old.actor(torch.from_numpy(obs))
+    expected = torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(old_actions)[:, None])[:, 0]
+    np.testing.assert_allclose(old_extras["log_prob"], expected.detach().numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="warmup_steps .* needs the action space"):
+        ptl_rl.StochasticPolicyAgent(q_net(), warmup_steps=10)
+    with pytest.raises(TypeError, match="needs a torch network"):
+        ptl_rl.PolicyAgent(lambda obs: obs)

@@ -1,0 +1,65 @@
+"""Operations on trees of arrays: an array, or a (nested) dict of arrays, as Dict observations are.
+
+Every stage handles ``obs`` the same way whether it is one array or a dict of
+them, through these few functions; one place, so a new leaf type is taught to
+the whole package at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def tree_map(fn: Callable[..., Any], tree: Any, *others: Any) -> Any:
+    """Apply ``fn`` leaf-wise to ``tree`` (an array or nested dict of arrays).
+
+    ``others`` must have the same dict structure; their leaves are passed as
+    extra arguments.
+    """
+    if isinstance(tree, Mapping):
+        return {k: tree_map(fn, v, *(o[k] for o in others)) for k, v in tree.items()}
+    return fn(tree, *others)
+
+
+def tree_leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Yield ``(dotted_path, leaf)`` pairs of a nested dict in insertion order."""
+    if isinstance(tree, Mapping):
+        for k, v in tree.items():
+            yield from tree_leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    else:
+        yield prefix, tree
+
+
+def tree_take(tree: Any, rows: np.ndarray) -> Any:
+    """The rows ``rows`` (int [R]) of every leaf [N, ...] -> [R, ...] (``ndarray.take``: a copy, faster than ``[]``)."""
+    if isinstance(tree, np.ndarray):  # the common case first: no dict check on the hot path
+        return tree.take(rows, axis=0)
+    return {k: tree_take(v, rows) for k, v in tree.items()}
+
+
+def tree_assign(store: Any, index: Any, value: Any) -> None:
+    """``store[index] = value`` leaf by leaf (``store`` and ``value`` of the same structure)."""
+    if isinstance(store, dict):
+        for key in store:
+            tree_assign(store[key], index, value[key])
+    else:
+        store[index] = value
+
+
+def to_numpy(x: Any) -> Any:
+    """A tensor, array-like or dict of them as numpy, on the host; bfloat16/float16 tensors become float32.
+
+    numpy has no bfloat16, and one rule for both half types keeps what an agent
+    returns under any Lightning precision in one dtype.
+    """
+    if isinstance(x, torch.Tensor):
+        if x.is_floating_point() and x.dtype not in (torch.float32, torch.float64):
+            x = x.float()
+        return x.detach().cpu().numpy()
+    if isinstance(x, Mapping):
+        return {k: to_numpy(v) for k, v in x.items()}
+    return np.asarray(x)
