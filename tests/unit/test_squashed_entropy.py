@@ -70,7 +70,8 @@ def test_actor_critic_agent_evaluates_actions_of_a_squashed_box_policy():
 
 
 def ppo_args(*extra: str) -> object:
-    return ppo.parse_args(["--env-id", "Pendulum-v1", "--squashed", "--no-progress-bar", "--hidden", "16", *extra])
+    args = ["--env-id", "Pendulum-v1", "--squashed", "--no-progress-bar", "--hidden", "16", "--runs-dir", ""]
+    return ppo.parse_args([*args, *extra])  # no run directory: a test must not write into the checkout
 
 
 def test_ppo_loss_with_a_squashed_policy_sends_gradients_through_the_entropy_bonus():
