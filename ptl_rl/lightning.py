@@ -373,9 +373,10 @@ class RLDataModule(DataModule):
             # No evaluation: Lightning must see no val/test loader at all, or it warns on every fit that a
             # val_dataloader has no validation_step. It tells by comparing the method's code with its own
             # base class's, and the two Lightning packages have different bases, so the loaders are hidden
-            # on the instance instead of redefined.
-            self.val_dataloader = None  # type: ignore[assignment]
-            self.test_dataloader = None  # type: ignore[assignment]
+            # on the instance instead of redefined; a subclass's own loaders stay.
+            for name in ("val_dataloader", "test_dataloader"):
+                if getattr(type(self), name) is getattr(RLDataModule, name):
+                    setattr(self, name, None)
 
     def setup(self, stage: str) -> None:
         trainer = self.trainer

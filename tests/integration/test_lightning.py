@@ -536,3 +536,15 @@ def test_a_datamodule_without_evaluation_gives_lightning_no_val_loader_to_warn_a
         trainer.fit(NoValidation(), datamodule=ptl_rl.RLDataModule(sampler, steps_per_epoch=10))
     assert trainer.global_step == 5
     assert not [w for w in caught if "val_dataloader" in str(w.message)]
+
+
+def test_a_subclass_keeps_its_own_val_dataloader_without_an_eval_env(L) -> None:
+    net, sampler = build_pipeline()
+
+    class WithValidation(ptl_rl.RLDataModule):
+        def val_dataloader(self):
+            return ptl_rl.to_dataloader(self.pipeline, steps_per_epoch=2)
+
+    data = WithValidation(sampler, steps_per_epoch=10)
+    assert callable(data.val_dataloader) and len(data.val_dataloader()) == 2
+    assert ptl_rl.RLDataModule(sampler).val_dataloader is None
