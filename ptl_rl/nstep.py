@@ -149,6 +149,7 @@ class NStepTransform:
         self._in_fold = False
         self._upstream_seq: int | None = None  # stream_seq of the last upstream batch folded
         self.stream_seq = 0  # number of the last batch yielded; skips one where the env streams were cut
+        self._in_next = False  # set while __next__ runs (see _next)
         self._gamma_column = _read_only(np.zeros(0, dtype=np.float32))  # n=1: the discount column
         self.clock = StageClock("n-step", "transitions")  # time accounting (ptl_rl.profile)
         # Lockstep fast path (see _fold_lockstep): a source's batch that holds every one of its envs, in
@@ -177,8 +178,10 @@ class NStepTransform:
 
     def _next(self) -> TransitionBatch:
         # a cut in the streams (a gap upstream, an interrupted call, a restore) skips a number of our own
-        # stream_seq, so that a stage downstream that continues episodes across batches sees it too
-        cut = False
+        # stream_seq, so that a stage downstream that continues episodes across batches sees it too;
+        # _in_next still set on entry means the last call was cut short, maybe after its rows were folded
+        cut = self._in_next
+        self._in_next = True
         while True:
             batch = next(self.upstream)
             seq = getattr(self.upstream, "stream_seq", None)
@@ -188,6 +191,7 @@ class NStepTransform:
             out = self._fold_step(batch, self._upstream_one_row_per_env, gap, seq)
             if out is not None:
                 self.stream_seq += 2 if cut else 1
+                self._in_next = False
                 return out
 
     # ------------------------------------------------------------------ folding

@@ -414,10 +414,12 @@ class FrameStorage:
             self.stack = self.obs_shape[self._axis]
             frame = self.obs_shape[: self._axis] + self.obs_shape[self._axis + 1 :]
         self.frame_shape = tuple(frame)
-        self.pool = self._array("pool", (self.pool_size, *frame), self.obs_dtype, 0)
+        pool = self._array("pool", (self.pool_size, *frame), self.obs_dtype, 0)
         self._obs_refs = self._array("obs_refs", (self.capacity, self.stack), np.int64, -1)
         self._next_refs = self._array("next_refs", (self.capacity, self.stack), np.int64, -1)
         self._allocate_env_state(0)  # shaped for this stack and frame now
+        # last: `pool` set means allocated, so an interrupt above leaves the next add to allocate again
+        self.pool = pool
 
     def _array(self, name: str, shape: tuple[int, ...], dtype: Any, fill: int) -> np.ndarray:
         """A zero/``fill`` array, in RAM or as a memory-mapped file ``memmap_dir/name.npy``."""

@@ -68,9 +68,10 @@ class MemmapStorage(ArrayStorage):
         self.memmap_dir = os.fspath(memmap_dir)
         self._own_files: set[str] = set()  # files this storage created (and may recreate on a restore)
 
-    def _allocate(self, batch: TransitionBatch) -> None:
-        super()._allocate(batch)  # shapes and contract dtypes (np.zeros: no page of it is touched), then files
-        self.fields = {name: _map_with_path(self._file, value, name) for name, value in self.fields.items()}
+    def _new_fields(self, batch: TransitionBatch) -> dict[str, Any]:
+        # shapes and contract dtypes from the RAM rings (np.zeros: no page of them is touched), then files
+        fields = super()._new_fields(batch)
+        return {name: _map_with_path(self._file, value, name) for name, value in fields.items()}
 
     def _file(self, path: str, like: np.ndarray) -> np.ndarray:
         array = open_fresh_memmap(self.memmap_dir, path, like.shape, like.dtype, reuse=path in self._own_files)

@@ -116,22 +116,35 @@ class ArrayStorage:
         else:
             self._validate(batch)
 
-    def _allocate(self, batch: TransitionBatch) -> None:
+    def _new_fields(self, batch: TransitionBatch) -> dict[str, Any]:
+        """The ring arrays ``[capacity, *shape]`` for the fields of ``batch`` (contract dtypes), in RAM."""
+
         def ring(name: str, leaf: np.ndarray) -> np.ndarray:
             return np.zeros((self.capacity, *leaf.shape[1:]), dtype=CONTRACT_DTYPES.get(name, leaf.dtype))
 
-        self.fields = {name: tree_map(lambda a, name=name: ring(name, a), value) for name, value in batch.items()}
+        return {name: tree_map(lambda a, name=name: ring(name, a), value) for name, value in batch.items()}
+
+    def _allocate(self, batch: TransitionBatch) -> None:
+        fields = self._new_fields(batch)
         # (field, keys into a dict field, dtype, trailing shape) per stored array
-        self._spec = [
+        spec = [
             (name, tuple(path.split("."))[1:] if path != name else (), leaf.dtype, leaf.shape[1:])
-            for name, value in self.fields.items()
+            for name, value in fields.items()
             for path, leaf in tree_leaves(value, name)
         ]
-        self._flat = all(isinstance(v, np.ndarray) for v in self.fields.values())
         # the slots of a write that does not wrap, as a read-only view: no arange per add
-        self._slot_numbers = np.arange(self.capacity, dtype=np.int64)
-        self._slot_numbers.flags.writeable = False
-        self._checked_layouts, self._last_layout = set(), None
+        slot_numbers = np.arange(self.capacity, dtype=np.int64)
+        slot_numbers.flags.writeable = False
+        # all at once, in one call an interrupt cannot split: `fields` set without the rest would make every
+        # later add skip the allocation and fail for good
+        self.__dict__.update(
+            fields=fields,
+            _spec=spec,
+            _flat=all(isinstance(v, np.ndarray) for v in fields.values()),
+            _slot_numbers=slot_numbers,
+            _checked_layouts=set(),
+            _last_layout=None,
+        )
 
     def _validate(self, batch: TransitionBatch) -> None:
         if batch.keys() != self.fields.keys():

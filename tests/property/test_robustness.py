@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import importlib
 import signal
 import sys
 import time
@@ -51,9 +52,10 @@ STAGE_MODULES = (
     "ptl_rl.buffers.prioritized",
     "ptl_rl.buffers.draws",
     "ptl_rl.buffers.sumtree",
+    "ptl_rl.buffers.sequence",
     "ptl_rl.sampler",
 )
-STAGE_FILES = tuple(sys.modules[name].__file__ for name in STAGE_MODULES)
+STAGE_FILES = tuple(importlib.import_module(name).__file__ for name in STAGE_MODULES)
 
 
 # ---------------------------------------------------------------------- reference
@@ -707,10 +709,11 @@ def check_windows_continuous(buffer: Any) -> int:
     return len(starts)
 
 
-@pytest.mark.parametrize("via_nstep", [False, True])
+@pytest.mark.parametrize(("via_nstep", "fault_in"), [(False, "env"), (True, "env"), (True, "stages")])
 @pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])
-def test_sequence_windows_never_span_a_cut_upstream(mode, via_nstep):
-    """Peeks at the source and interrupts inside the env cut the envs' streams; windows must not span a cut."""
+def test_sequence_windows_never_span_a_cut_upstream(mode, via_nstep, fault_in):
+    """Peeks at the source and interrupts (inside the env, or anywhere in the source, n-step and buffer code)
+    cut the envs' streams or lose pulled batches; windows must not span a cut."""
     layouts = [[(40, TERM), (30, TRUNC)], [(25, TRUNC), (50, TERM)], [(60, BOTH)]]
     env = make_env(layouts, mode, reward_seed=3)
     source = ExperienceSource(env, Agent(3, seed=3), seed=3)
@@ -728,7 +731,12 @@ def test_sequence_windows_never_span_a_cut_upstream(mode, via_nstep):
             with pytest.raises(KeyboardInterrupt):
                 # a few next() calls: one of them pulls from upstream (the others spend credit)
                 calls = lambda: [next(buffer) for _ in range(6)]  # noqa: E731, B023
-                injector.run(calls, "env", int(rng.integers(1, 4)), KeyboardInterrupt())
+                if fault_in == "env":
+                    where = int(rng.integers(1, 4))
+                else:  # anywhere in the lines a clean call runs
+                    injector.run(calls)
+                    where = 1 + int(rng.integers(injector.counts["stages"]))
+                injector.run(calls, fault_in, where, KeyboardInterrupt())
             cuts += 1
         else:
             next(buffer)
@@ -822,3 +830,20 @@ def test_sequence_add_interrupted_anywhere_is_redone_in_full(target, prioritized
     # only the first lines of add (argument checks, before the record) may leave it undone
     undone = [k for k, outcome in enumerate(seen, 1) if outcome == "undone"]
     assert undone == list(range(1, len(undone) + 1)) and len(undone) <= (20 if "sequence" in target else 0), seen
+
+
+def test_an_add_interrupted_while_allocating_allocates_again():
+    """The first add allocates the ring; an interrupt there must not leave a half-built storage for good."""
+    target_file = importlib.import_module("ptl_rl.buffers.storage").__file__
+    injector = Injector({"target": lambda code: code.co_filename == target_file})
+    clean = ReplayBuffer(None, capacity=4, warmup=0)
+    injector.run(lambda: clean.add(_rows([1, 2])))
+    assert injector.counts["target"] > 10
+    for k in range(1, injector.counts["target"] + 1):
+        buffer = ReplayBuffer(None, capacity=4, warmup=0)
+        with pytest.raises(KeyboardInterrupt):
+            injector.run(lambda: buffer.add(_rows([1, 2])), "target", k, KeyboardInterrupt())  # noqa: B023
+        buffer.add(_rows([3]))
+        stored = buffer.storage.gather(np.arange(len(buffer)))
+        assert sorted(stored["env_id"].tolist()) == [1, 2, 3], f"line {k}"
+        np.testing.assert_array_equal(stored["action"], stored["env_id"], err_msg=f"line {k}")
