@@ -140,7 +140,9 @@ class FrameStorage:
         self._seen_seq: int | None = None  # stream_seq of the upstream's batch added last (trusted mode)
         # (snapshot before them, batches) while an add is under way: still set on entry means an add was cut short
         self._journal: tuple[Any, list[TransitionBatch]] | None = None
-        self._numbered: tuple[TransitionBatch, int | None] | None = None  # the last batch added and its stream_seq
+        # (batch, its stream_seq) of the last few batches pulled or added: a batch keeps the number it had when it
+        # was pulled, though the upstream has moved on by the time an interrupted add of it is done again
+        self._numbered: tuple[tuple[TransitionBatch, int | None], ...] = ()
         self._allocate_env_state(0)
 
     # ------------------------------------------------------------------ counters (the ArrayStorage API)
@@ -283,16 +285,22 @@ class FrameStorage:
             state.last[finished] = state.final[finished]
         return slots
 
-    def _stream_seq(self, batch: TransitionBatch) -> int | None:
-        """The upstream's number of ``batch`` (``None``: not numbered), read when it is first added.
+    def note_stream_seq(self, batch: TransitionBatch, seq: int | None) -> None:
+        """Record the upstream's number of ``batch``, read when it was pulled (a buffer calls it from its pull).
 
-        A batch added again after an interrupt keeps its number, though the
-        upstream may have moved on (a buffer redoes it when it adds the next).
+        An add cut short is done again when the *next* batch is added, after the
+        upstream numbered that one: the number must come from the pull, or a
+        batch lost to a second interrupt during the redo would leave no gap.
         """
-        if self._numbered is not None and self._numbered[0] is batch:
-            return self._numbered[1]
+        self._numbered = (*self._numbered[-3:], (batch, seq))  # (one assignment: an interrupt cannot split it)
+
+    def _stream_seq(self, batch: TransitionBatch) -> int | None:
+        """The upstream's number of ``batch`` (``None``: not numbered): noted at its pull, else read now."""
+        for noted, seq in self._numbered:
+            if noted is batch:
+                return seq
         seq = getattr(self._upstream, "stream_seq", None)
-        self._numbered = (batch, seq)
+        self.note_stream_seq(batch, seq)
         return seq
 
     @property
@@ -333,7 +341,14 @@ class FrameStorage:
 
     def _restore_bookkeeping(self, snapshot: tuple[Any, ...]) -> None:
         cursor, size, total_added, state, pending, seen_seq = snapshot
-        self._state = _EnvState(state.copy(), self.stack, self.n_step or 1)
+        if state.shape[1] != 2 * self.stack + 1 + (self.n_step or 1) or (
+            pending is not None and pending.shape[2:] != getattr(self, "frame_shape", ())
+        ):
+            # taken before the first add allocated (a placeholder for a stack of 1): nothing was stored then
+            self._allocate_env_state(0)
+            pending = None
+        else:
+            self._state = _EnvState(state.copy(), self.stack, self.n_step or 1)
         if pending is not None:
             self._pending = pending.copy()
         self._seen_seq = seen_seq

@@ -419,7 +419,7 @@ def test_dict_observations_match_env_record(mode, n, padding, check):
     twin = ArrayStorage(23)
     for _ in range(50):
         slots = buffer._pull()
-        twin.add(buffer.storage._numbered[0])  # the batch the buffer just stored
+        twin.add(buffer.storage._numbered[-1][0])  # the batch the buffer just stored
         assert buffer.storage.frame_key == "pixels"
         every = np.arange(len(buffer))
         ok = buffer.storage.sampleable(every)
