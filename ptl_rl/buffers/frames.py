@@ -143,6 +143,8 @@ class FrameStorage:
         # (batch, its stream_seq) of the last few batches pulled or added: a batch keeps the number it had when it
         # was pulled, though the upstream has moved on by the time an interrupted add of it is done again
         self._numbered: tuple[tuple[TransitionBatch, int | None], ...] = ()
+        # (first transition number, env_id, next_obs frames) of the last n_step batches added (references)
+        self._retained: tuple[tuple[int, np.ndarray, np.ndarray], ...] = ()
         self._allocate_env_state(0)
 
     # ------------------------------------------------------------------ counters (the ArrayStorage API)
@@ -250,7 +252,7 @@ class FrameStorage:
             if self._seen_seq is None or seq != self._seen_seq + 1:
                 # steps are missing (a cut in the stream, a restore, a batch lost to an interrupt): no stored
                 # transition takes a later observation as next_obs, and no stack is trusted to continue
-                self._state.recent[:] = -1
+                self._resolve_waiting()
                 self._state.trust[:] = 0
             self._seen_seq = seq
         # the slots to overwrite become unsampleable before any of their fields change (next_obs pending)
@@ -283,7 +285,26 @@ class FrameStorage:
             envs = np.flatnonzero(last_row >= 0)
             finished = envs[done[last_row[envs]]]
             state.last[finished] = state.final[finished]
+        # the newest batches stay referenced (no copy): at a cut, their rows still waiting take their own next_obs
+        self._retained = (*self._retained, (first_gen, env, next_frames))[-self.n_step :]
         return slots
+
+    def _resolve_waiting(self) -> None:
+        """At a cut: each transition still waiting for its ``next_obs`` takes the one its own batch carried.
+
+        Its frames are written to the pool (deduplicated against the env's
+        newest stack); a transition whose batch is no longer retained stays
+        unsampleable. Then nothing waits: no later observation is linked.
+        """
+        state = self._state
+        waiting = state.recent[state.recent >= max(self._fields.total_added - self.capacity, 0)]
+        for first_gen, env, next_frames in self._retained if len(waiting) else ():
+            rows = waiting - first_gen
+            rows = rows[(rows >= 0) & (rows < len(env))]
+            if len(rows):
+                refs = self._insert_stacks(state.last[env[rows]], next_frames[rows], None)[0]
+                self._next_refs[(first_gen + rows) % self.capacity] = refs
+        state.recent[:] = -1
 
     def note_stream_seq(self, batch: TransitionBatch, seq: int | None) -> None:
         """Record the upstream's number of ``batch``, read when it was pulled (a buffer calls it from its pull).
@@ -327,7 +348,8 @@ class FrameStorage:
         """
         fields = self._fields
         pending = None if self.trusted or self._pending is None else self._pending.copy()
-        return (fields.cursor, fields.size, fields.total_added, self._state.array.copy(), pending, self._seen_seq)
+        state = self._state.array.copy()
+        return (fields.cursor, fields.size, fields.total_added, state, pending, self._seen_seq, self._retained)
 
     def restore(self, snapshot: tuple[Any, ...]) -> None:
         """Roll the bookkeeping back to ``snapshot`` (taken by :meth:`snapshot` before an add that was cut short).
@@ -340,7 +362,7 @@ class FrameStorage:
         self._journal = None
 
     def _restore_bookkeeping(self, snapshot: tuple[Any, ...]) -> None:
-        cursor, size, total_added, state, pending, seen_seq = snapshot
+        cursor, size, total_added, state, pending, seen_seq, self._retained = snapshot
         if state.shape[1] != 2 * self.stack + 1 + (self.n_step or 1) or (
             pending is not None and pending.shape[2:] != getattr(self, "frame_shape", ())
         ):
@@ -784,6 +806,7 @@ class FrameStorage:
         self._state.recent[:] = -1
         self._state.trust[:] = 0
         self._seen_seq = None
+        self._retained = ()
         self._journal = None
 
     def _obs_shape_from(self, frame: tuple[int, ...], stack: int) -> tuple[int, ...]:

@@ -166,6 +166,6 @@ def test_two_interrupts_in_a_row_lose_batches_but_store_nothing_wrong():
             storage = buffer.storage
             every = np.arange(len(storage))
             ok = storage.sampleable(every)
-            assert ok.sum() > 20
+            assert len(every) - ok.sum() <= 3 * n  # lost batches leave no dead slots: only the newest rows wait
             check_against_reference(storage.gather(every[ok]), reference(recorders(env), n, False), False)
     assert cuts > lines // 3  # the interrupts did land
