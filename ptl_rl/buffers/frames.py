@@ -410,8 +410,9 @@ class FrameStorage:
                 where = name if self._obs_keys is None else f"{name}.{self.frame_key}"
                 raise ValueError(
                     f"field {where!r} has shape {value.shape} and dtype {value.dtype}; the FrameStorage stores "
-                    f"[{len(batch)}, *{self.obs_shape}] {self.obs_dtype} (allocated from the first batch). Every "
-                    "batch added to one buffer must carry observations of one shape and dtype."
+                    f"{len(batch)} rows (one per transition) of shape {self.obs_shape} and dtype {self.obs_dtype} "
+                    "(allocated from the first batch). Every batch added to one buffer must carry observations of "
+                    "one shape and dtype."
                 )
         return obs, next_obs
 
