@@ -112,6 +112,9 @@ class ReplayBuffer:
         # (storage snapshot, batch) while an add is under way: still set on entry means the
         # previous add was interrupted, possibly between two fields of a row (see add)
         self._unfinished_add: tuple[Any, TransitionBatch] | None = None
+        # `storage.try_atomic_add(batch, owner, record)` (FrameStorage's compiled insert): the batch written and
+        # owner.<record> cleared in one call no interrupt can split, or None and nothing changed; no snapshot then
+        self._atomic_add = getattr(self.storage, "try_atomic_add", None)
         # time accounting (ptl_rl.profile): the stage's own time is the credit loop; add() is its part
         self._insert_clock = StageClock("insert", "transitions")
         self.clock = StageClock("replay", "transitions", (self._insert_clock,))
@@ -176,6 +179,10 @@ class ReplayBuffer:
         self._finish_interrupted_add()
         storage = self.storage
         self._unfinished_add = (None, batch)  # (a storage's snapshot runs code an interrupt can cut short)
+        if self._atomic_add is not None:  # a storage that writes the batch and clears the record in one step
+            slots = self._atomic_add(batch, self, "_unfinished_add")
+            if slots is not None:
+                return slots
         self._unfinished_add = (storage_snapshot(storage), batch)
         slots = storage.add(batch)
         self._unfinished_add = None
