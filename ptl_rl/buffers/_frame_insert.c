@@ -151,6 +151,53 @@ static inline const char *frame_at(const Py_buffer *b, Py_ssize_t row, Py_ssize_
 
 static inline Py_ssize_t pmod(int64_t a, Py_ssize_t m) { return (Py_ssize_t)(a % m); }
 
+/* the pool ring and its running frames_written */
+typedef struct {
+    char *pool;
+    Py_ssize_t P, fbytes, S;
+    int64_t fw;
+} Pool;
+
+/* FrameStorage._write_frames of one frame: its absolute position */
+static inline int64_t put(Pool *pl, const char *src) {
+    memcpy(pl->pool + pmod(pl->fw, pl->P) * pl->fbytes, src, pl->fbytes);
+    return pl->fw++;
+}
+
+/* FrameStorage._insert_stacks: the stacks of src rows `rows` (R of them) against their env's previous stacks
+ * prev[a] (S positions each); known[a] (NULL: none) marks trusted rows. Writes the references (refs, R x S) and
+ * whether each row continued its previous stack (cont), writing frames in the order the Python path does. */
+static void insert_stacks(Pool *pl, const Py_buffer *src, const Py_ssize_t *rows, Py_ssize_t R, int64_t *const *prev,
+                          const char *known, int64_t *refs, char *cont) {
+    const Py_ssize_t S = pl->S, fb = pl->fbytes;
+    const int64_t floor = pl->fw + R * S - pl->P > 0 ? pl->fw + R * S - pl->P : 0; /* survive this insert */
+    for (Py_ssize_t a = 0; a < R; a++) { /* every comparison before the first write, as there */
+        int alive = 1;
+        for (Py_ssize_t j = 0; j < S && alive; j++) alive = prev[a][j] >= floor;
+        int c = alive;
+        if (alive && !(known != NULL && known[a]))
+            for (Py_ssize_t j = 0; j + 1 < S && c; j++)
+                c = memcmp(pl->pool + pmod(prev[a][j + 1], pl->P) * fb, frame_at(src, rows[a], j), fb) == 0;
+        cont[a] = (char)c;
+    }
+    for (Py_ssize_t a = 0; a < R; a++) {
+        int64_t *out = refs + a * S;
+        if (cont[a]) { /* one new frame */
+            memcpy(out, prev[a] + 1, (S - 1) * sizeof(int64_t));
+            out[S - 1] = put(pl, frame_at(src, rows[a], S - 1));
+            continue;
+        }
+        /* each frame that differs from the next one in its stack; a repeated frame refers to the next written */
+        for (Py_ssize_t j = 0; j < S; j++) {
+            const char *frame = frame_at(src, rows[a], j);
+            int written = j == S - 1 || memcmp(frame, frame_at(src, rows[a], j + 1), fb) != 0;
+            out[j] = written ? put(pl, frame) : INT64_MAX;
+        }
+        for (Py_ssize_t j = S - 2; j >= 0; j--)
+            if (out[j + 1] < out[j]) out[j] = out[j + 1];
+    }
+}
+
 /* step(owner, record, storage, fields_storage, batch_fields, numbered, seq, trusted,
  *      cursor, size, total_added, frames_written, slot_numbers)
  * -> the slots written (slot_numbers[cursor:cursor + B]; the first slot, an int, when the ring wraps),
@@ -173,6 +220,7 @@ static PyObject *Plan_step(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
     if (!PyDict_CheckExact(d) || PyDict_GET_SIZE(d) != p->nfields + 2) Py_RETURN_NONE;
 
     Py_buffer obs = {0}, nxt = {0};
+    void *work = NULL;
     Py_buffer fb[64];
     Py_ssize_t got = 0; /* field buffers held */
     int have_obs = 0, have_nxt = 0;
@@ -196,52 +244,49 @@ static PyObject *Plan_step(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
         for (int dim = 1; dim < f->ndim; dim++)
             if (fb[k].shape[dim] != f->shape[dim]) goto fallback;
     }
-    /* every env once, in env order, no episode end */
+    /* rows of an env in time order, any interleaving; env ids inside the per-env state */
     const int64_t *env = (const int64_t *)fb[p->env_k].buf;
     const char *term = (const char *)fb[p->terminated_k].buf, *trunc = (const char *)fb[p->truncated_k].buf;
-    for (Py_ssize_t i = 0; i < count; i++)
-        if (env[i] != i || term[i] || trunc[i]) goto fallback;
-
+    if (count * S * 2 > P) goto fallback; /* (the Python path explains a pool too small for one batch) */
+    /* scratch: rank, rows (twice: the finals' fresh rows follow a group), seen (per env), prev, refs, 3 flags */
+    work = PyMem_Malloc((3 * count + p->E) * sizeof(Py_ssize_t) + count * sizeof(int64_t *) +
+                        count * S * sizeof(int64_t) + 3 * count);
+    if (work == NULL) goto fallback;
+    Py_ssize_t *rank = (Py_ssize_t *)work, *rows = rank + count, *seen = rows + 2 * count;
+    int64_t **prev = (int64_t **)(seen + p->E);
+    int64_t *refs = (int64_t *)(prev + count);
+    char *done = (char *)(refs + count * S), *cont = done + count, *known = cont + count;
+    memset(seen, 0, p->E * sizeof(Py_ssize_t));
+    Py_ssize_t groups = 1, ended = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (env[i] < 0 || env[i] >= p->E) goto fallback;
+        rank[i] = seen[env[i]]++;
+        if (rank[i] + 1 > groups) groups = rank[i] + 1;
+        done[i] = term[i] || trunc[i];
+        ended += done[i];
+    }
+    const int any_done = ended > 0;
     int64_t *state = (int64_t *)p->state.buf;
     int64_t *obs_refs = (int64_t *)p->obs_refs.buf, *next_refs = (int64_t *)p->next_refs.buf;
-    char *pool = (char *)p->pool.buf, *pending = (char *)p->pending.buf;
+    char *pending = (char *)p->pending.buf;
     const Py_ssize_t fbytes = p->frame_bytes;
-    /* the trusted step (FrameStorage._add_obs): every env trusted and its last stack still pooled after count writes */
-    const int64_t floor1 = fw + count - P > 0 ? fw + count - P : 0;
-    const int64_t floor2 = fw + count * S - P > 0 ? fw + count * S - P : 0; /* FrameStorage._insert_stacks */
-    int all_trusted = trusted;
-    for (Py_ssize_t i = 0; i < count && all_trusted; i++) {
-        const int64_t *row = state + i * W;
-        if (row[2 * S] != 1) all_trusted = 0;
-        for (Py_ssize_t j = 0; j < S && all_trusted; j++)
-            if (row[j] < floor1) all_trusted = 0;
-    }
-    if (!all_trusted) { /* compared where not trusted: each stack must continue its env's last one */
-        for (Py_ssize_t i = 0; i < count; i++) {
-            const int64_t *row = state + i * W;
-            for (Py_ssize_t j = 0; j < S; j++)
-                if (row[j] < floor2) goto fallback;
-            if (trusted && row[2 * S] == 1) continue;
-            for (Py_ssize_t j = 0; j + 1 < S; j++)
-                if (memcmp(pool + pmod(row[j + 1], P) * fbytes, frame_at(&obs, i, j), fbytes) != 0) goto fallback;
-        }
-    }
     const int64_t total2 = total + count;
     const int64_t wait_floor = total2 - cap > 0 ? total2 - cap : 0;
     if (!trusted) { /* checked: the newest frame of a resolved next_obs must be this obs's newest (n_step right) */
+        if (groups > 1) goto fallback; /* (pending frames shift between groups: the Python path) */
         for (Py_ssize_t i = 0; i < count; i++) {
-            const int64_t *row = state + i * W;
+            const int64_t *row = state + env[i] * W;
             if (row[2 * S + 1] >= wait_floor &&
-                memcmp(pending + (i * n) * fbytes, frame_at(&obs, i, S - 1), fbytes) != 0)
-                goto fallback;
+                memcmp(pending + (env[i] * n) * fbytes, frame_at(&obs, i, S - 1), fbytes) != 0)
+                goto fallback; /* (the Python path raises, naming n_step) */
         }
     }
-    /* the new counters, made before the first write so that nothing can fail after it */
+    /* the new counters and the slots, made before the first write so that nothing can fail after it */
     const long long end = cursor + count;
     PyObject *v_cursor = PyLong_FromLongLong(end % cap);
     PyObject *v_size = PyLong_FromLongLong(size + count < cap ? size + count : cap);
     PyObject *v_total = PyLong_FromLongLong(total2);
-    PyObject *v_fw = PyLong_FromLongLong(fw + count);
+    PyObject *v_fw = NULL; /* made after the frames are written (their count depends on the data) */
     PyObject *v_start = NULL; /* the slots: a view of slot_numbers, or the first slot when the ring wraps */
     if (end <= cap) {
         PyObject *sl = PyLong_FromLongLong(end), *st = PyLong_FromLongLong(cursor);
@@ -251,13 +296,14 @@ static PyObject *Plan_step(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
     } else {
         v_start = PyLong_FromLongLong(cursor);
     }
-    if (!v_cursor || !v_size || !v_total || !v_fw || !v_start) {
-        Py_XDECREF(v_cursor), Py_XDECREF(v_size), Py_XDECREF(v_total), Py_XDECREF(v_fw), Py_XDECREF(v_start);
+    if (!v_cursor || !v_size || !v_total || !v_start) {
+        Py_XDECREF(v_cursor), Py_XDECREF(v_size), Py_XDECREF(v_total), Py_XDECREF(v_start);
         result = NULL;
         goto done;
     }
 
-    /* ---- writes: nothing below can fail ---- */
+    /* ---- writes, in the order of FrameStorage._add; nothing below can fail but an int allocation ---- */
+    Pool pl = {(char *)p->pool.buf, P, fbytes, S, fw};
     for (Py_ssize_t i = 0; i < count; i++) next_refs[pmod(cursor + i, cap) * S] = -1;
     for (Py_ssize_t k = 0; k < p->nfields; k++) { /* ArrayStorage.add: one or two slice copies */
         const Py_ssize_t rb = p->row_bytes[k];
@@ -265,24 +311,105 @@ static PyObject *Plan_step(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
         memcpy((char *)p->fields[k].buf + cursor * rb, fb[k].buf, first * rb);
         if (first < count) memcpy(p->fields[k].buf, (const char *)fb[k].buf + first * rb, (count - first) * rb);
     }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        int64_t *row = state + i * W;
-        const int64_t slot = pmod(cursor + i, cap);
-        memcpy(pool + pmod(fw + i, P) * fbytes, frame_at(&obs, i, S - 1), fbytes); /* the newest frame */
-        memmove(row, row + 1, (S - 1) * sizeof(int64_t));
-        row[S - 1] = fw + i;
-        row[2 * S] = 1;
-        memcpy(obs_refs + slot * S, row, S * sizeof(int64_t));
-        int64_t *recent = row + 2 * S + 1;
-        if (recent[0] >= wait_floor) /* the transition n observations back gets this obs as next_obs */
-            memcpy(next_refs + pmod(recent[0], cap) * S, row, S * sizeof(int64_t));
-        memmove(recent, recent + 1, (n - 1) * sizeof(int64_t));
-        recent[n - 1] = total + i;
-        if (!trusted) {
-            char *mine = pending + (i * n) * fbytes;
-            memmove(mine, mine + fbytes, (n - 1) * fbytes);
-            memcpy(mine + (n - 1) * fbytes, frame_at(&nxt, i, S - 1), fbytes);
+    for (Py_ssize_t g = 0; g < groups; g++) { /* _add_obs per group of rows in which each env occurs once */
+        Py_ssize_t R = 0;
+        for (Py_ssize_t i = 0; i < count; i++)
+            if (rank[i] == g) rows[R++] = i;
+        const int64_t floor1 = pl.fw + R - P > 0 ? pl.fw + R - P : 0;
+        int all_trusted = trusted;
+        for (Py_ssize_t a = 0; a < R && all_trusted; a++) {
+            const int64_t *row = state + env[rows[a]] * W;
+            if (row[2 * S] != 1) all_trusted = 0;
+            for (Py_ssize_t j = 0; j < S && all_trusted; j++)
+                if (row[j] < floor1) all_trusted = 0;
         }
+        if (all_trusted) { /* the trusted step: the newest frame, the references shifted */
+            for (Py_ssize_t a = 0; a < R; a++) {
+                int64_t *row = state + env[rows[a]] * W;
+                const int64_t pos = put(&pl, frame_at(&obs, rows[a], S - 1));
+                memmove(row, row + 1, (S - 1) * sizeof(int64_t));
+                row[S - 1] = pos;
+                if (any_done) row[2 * S] = !done[rows[a]];
+            }
+        } else {
+            for (Py_ssize_t a = 0; a < R; a++) {
+                int64_t *row = state + env[rows[a]] * W;
+                prev[a] = row;
+                known[a] = trusted && row[2 * S] == 1;
+            }
+            insert_stacks(&pl, &obs, rows, R, prev, trusted ? known : NULL, refs, cont);
+            for (Py_ssize_t a = 0; a < R; a++) {
+                int64_t *row = state + env[rows[a]] * W;
+                memcpy(row, refs + a * S, S * sizeof(int64_t));
+                row[2 * S] = cont[a] && !done[rows[a]];
+            }
+        }
+        for (Py_ssize_t a = 0; a < R; a++) {
+            const Py_ssize_t i = rows[a];
+            int64_t *row = state + env[i] * W;
+            memcpy(obs_refs + pmod(cursor + i, cap) * S, row, S * sizeof(int64_t));
+            int64_t *recent = row + 2 * S + 1;
+            if (!trusted) {
+                char *mine = pending + (env[i] * n) * fbytes;
+                memmove(mine, mine + fbytes, (n - 1) * fbytes);
+                memcpy(mine + (n - 1) * fbytes, frame_at(&nxt, i, S - 1), fbytes);
+            }
+            if (recent[0] >= wait_floor) /* the transition n observations back gets this obs as next_obs */
+                memcpy(next_refs + pmod(recent[0], cap) * S, row, S * sizeof(int64_t));
+            memmove(recent, recent + 1, (n - 1) * sizeof(int64_t));
+            recent[n - 1] = done[i] ? -1 : total + i; /* an ended transition waits for nothing */
+        }
+    }
+    if (any_done) { /* _add_finals per group of ended rows in which each env occurs once */
+        memset(seen, 0, p->E * sizeof(Py_ssize_t));
+        Py_ssize_t fgroups = 0;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            rank[i] = done[i] ? seen[env[i]]++ : -1;
+            if (rank[i] + 1 > fgroups) fgroups = rank[i] + 1;
+        }
+        for (Py_ssize_t g = 0; g < fgroups; g++) {
+            Py_ssize_t R = 0;
+            for (Py_ssize_t i = 0; i < count; i++)
+                if (rank[i] == g) rows[R++] = i;
+            /* the env's cached final stack is this one (an episode's tails share it) if still pooled and equal */
+            const int64_t floor_f = pl.fw + R * S - P > 0 ? pl.fw + R * S - P : 0;
+            Py_ssize_t fresh_count = 0;
+            for (Py_ssize_t a = 0; a < R; a++) {
+                const int64_t *fin = state + env[rows[a]] * W + S;
+                int same = 1;
+                for (Py_ssize_t j = 0; j < S && same; j++) same = fin[j] >= floor_f;
+                for (Py_ssize_t j = 0; j < S && same; j++)
+                    same = memcmp(pl.pool + pmod(fin[j], P) * fbytes, frame_at(&nxt, rows[a], j), fbytes) == 0;
+                cont[a] = (char)same; /* (here: reuse the cached final) */
+                if (!same) {
+                    rows[R + fresh_count] = rows[a]; /* (rows has room: R + fresh <= count) */
+                    fresh_count++;
+                }
+            }
+            Py_ssize_t *new_rows = rows + R;
+            char *same_of = cont;
+            /* the others: stacks inserted as for an observation (compared with the env's last stack) */
+            char *cont_new = known;
+            for (Py_ssize_t a = 0; a < fresh_count; a++) prev[a] = state + env[new_rows[a]] * W;
+            if (fresh_count) insert_stacks(&pl, &nxt, new_rows, fresh_count, prev, NULL, refs, cont_new);
+            Py_ssize_t f = 0;
+            for (Py_ssize_t a = 0; a < R; a++) {
+                const Py_ssize_t i = rows[a];
+                int64_t *fin = state + env[i] * W + S;
+                if (!same_of[a]) memcpy(fin, refs + (f++) * S, S * sizeof(int64_t));
+                memcpy(next_refs + pmod(cursor + i, cap) * S, fin, S * sizeof(int64_t));
+            }
+        }
+        /* an env whose last row in this batch ended its episode: its newest observation is the final one */
+        for (Py_ssize_t i = 0; i < count; i++) seen[env[i]] = i; /* (later rows win) */
+        for (Py_ssize_t i = 0; i < count; i++)
+            if (done[i] && seen[env[i]] == i) memcpy(state + env[i] * W, state + env[i] * W + S, S * sizeof(int64_t));
+    }
+    v_fw = PyLong_FromLongLong(pl.fw);
+    if (v_fw == NULL) { /* (out of memory after writing: counters unchanged, the caller's record redoes it) */
+        Py_DECREF(v_cursor), Py_DECREF(v_size), Py_DECREF(v_total), Py_DECREF(v_start);
+        result = NULL;
+        goto done;
     }
     /* ---- the counters and the caller's record, last (plain instance attributes: no Python code runs) ---- */
     int bad = PyObject_SetAttr(fstore, s_cursor, v_cursor) < 0;
@@ -306,6 +433,7 @@ fallback:
     result = Py_None;
     Py_INCREF(result);
 done:
+    PyMem_Free(work);
     for (Py_ssize_t k = 0; k < got; k++) PyBuffer_Release(&fb[k]);
     if (have_obs) PyBuffer_Release(&obs);
     if (have_nxt) PyBuffer_Release(&nxt);

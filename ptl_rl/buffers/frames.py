@@ -371,6 +371,8 @@ class FrameStorage:
             self._add_obs(env, rows_of, slots, first_gen, obs_frames, next_frames, done, any_done, trusted)
         else:
             for rows in _occurrence_groups(env, highest + 1):  # obs first, in time order per env
+                if rows is None:  # each env once, out of env order: all rows, as positions (not a new axis)
+                    rows = np.arange(count)
                 self._add_obs(
                     env[rows], None, slots[rows], first_gen + rows, obs_frames[rows], next_frames[rows],
                     done[rows], any_done, trusted,
@@ -439,9 +441,13 @@ class FrameStorage:
     def _restore_bookkeeping(self, snapshot: tuple[Any, ...]) -> None:
         cursor, size, total_added, state, pending, seen_seq = snapshot
         self._plan = None  # (it holds the arrays replaced here)
-        self._state = _EnvState(state.copy(), self.stack, self.n_step or 1)
-        if pending is not None:
-            self._pending = pending.copy()
+        if state.shape[1] != 2 * self.stack + 1 + (self.n_step or 1):
+            # taken before the first add shaped the state for its stacks (that add was refused): start empty
+            self._allocate_env_state(0)
+        else:
+            self._state = _EnvState(state.copy(), self.stack, self.n_step or 1)
+            if pending is not None:
+                self._pending = pending.copy()
         self._seen_seq = seen_seq
         fields = self._fields
         fields.cursor, fields.size, fields.total_added = cursor, size, total_added
