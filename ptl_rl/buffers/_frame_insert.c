@@ -233,7 +233,7 @@ static PyObject *Plan_step(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
     have_nxt = 1;
     if (!obs_layout_ok(p, &obs) || !obs_layout_ok(p, &nxt)) goto fallback;
     const Py_ssize_t count = obs.shape[0], S = p->S, W = p->W, n = p->n, cap = p->capacity, P = p->pool_size;
-    if (count < 1 || count > p->E || count > cap || count > P || nxt.shape[0] != count) goto fallback;
+    if (count < 1 || count > cap || count > P || nxt.shape[0] != count) goto fallback;
     for (Py_ssize_t k = 0; k < p->nfields; k++) {
         PyObject *v = PyDict_GetItemWithError(d, PyTuple_GET_ITEM(p->names, k));
         if (v == NULL) goto fallback;
@@ -273,13 +273,24 @@ static PyObject *Plan_step(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
     const int64_t total2 = total + count;
     const int64_t wait_floor = total2 - cap > 0 ? total2 - cap : 0;
     if (!trusted) { /* checked: the newest frame of a resolved next_obs must be this obs's newest (n_step right) */
-        if (groups > 1) goto fallback; /* (pending frames shift between groups: the Python path) */
-        for (Py_ssize_t i = 0; i < count; i++) {
-            const int64_t *row = state + env[i] * W;
-            if (row[2 * S + 1] >= wait_floor &&
-                memcmp(pending + (env[i] * n) * fbytes, frame_at(&obs, i, S - 1), fbytes) != 0)
-                goto fallback; /* (the Python path raises, naming n_step) */
+        /* Checked before any write, for every group at once: at an env's k-th row of this batch its shift
+         * registers hold, oldest first, the stored entries k.. and then what its rows k-n.. put there, so
+         * the entry compared is the stored k-th (k < n) or the one from its row k - n of this batch. */
+        Py_ssize_t *hist = PyMem_Malloc((p->E * n + 1) * sizeof(Py_ssize_t)); /* an env's last n rows */
+        if (hist == NULL) goto fallback;
+        memset(seen, 0, p->E * sizeof(Py_ssize_t));
+        int bad = 0;
+        for (Py_ssize_t i = 0; i < count && !bad; i++) {
+            const Py_ssize_t e = env[i], k = seen[e]++;
+            const Py_ssize_t back = k >= n ? hist[e * n + (k - n) % n] : -1; /* this env's row k - n */
+            hist[e * n + k % n] = i;
+            const int64_t *row = state + e * W;
+            const int64_t gen = back < 0 ? row[2 * S + 1 + k] : (done[back] ? -1 : total + back);
+            const char *want = back < 0 ? pending + (e * n + k) * fbytes : frame_at(&nxt, back, S - 1);
+            bad = gen >= wait_floor && memcmp(want, frame_at(&obs, i, S - 1), fbytes) != 0;
         }
+        PyMem_Free(hist);
+        if (bad) goto fallback; /* (the Python path raises, naming n_step) */
     }
     /* the new counters and the slots, made before the first write so that nothing can fail after it */
     const long long end = cursor + count;

@@ -179,7 +179,7 @@ def test_compiled_insert_equals_python_path(
     batches = synthetic_batches(seed, num_envs, stack, n, 40, p_end, alphabet, zero_pad)
     make = functools.partial(FrameStorage, capacity, stack_axis=0, n_step=n, extra_frames=extra, check=check)
     fast, pure = make(), make()
-    pure.compiled = False
+    fast.compiled, pure.compiled = True, False  # (True also under PTL_RL_PURE_PYTHON=1: the module is built)
     counting = Counting(fast)
     upstreams = (Numbered(n), Numbered(n))
     if check is None:  # trust from a numbered upstream (with cuts in its numbering)
@@ -218,7 +218,7 @@ def test_compiled_insert_through_a_buffer_equals_python_path_and_env_record(mode
     ups = (Numbered(n), Numbered(n))
     fast_buffer = ReplayBuffer(ups[0], 23, seed=0, storage=make)
     pure_buffer = ReplayBuffer(ups[1], 23, seed=0, storage=make)
-    pure_buffer.storage.compiled = False
+    fast_buffer.storage.compiled, pure_buffer.storage.compiled = True, False
     counting = Counting(fast_buffer.storage)
     for i, (batch, seq) in enumerate(recorded):
         ups[0].stream_seq = ups[1].stream_seq = seq
@@ -242,9 +242,11 @@ def test_compiled_insert_is_left_for_layouts_it_does_not_cover():
         terminated=np.zeros(2, bool), truncated=np.zeros(2, bool), env_id=np.arange(2),
     )  # fmt: skip
     last_axis = FrameStorage(10, stack_axis=-1, n_step=1, check=False)
+    last_axis.compiled = True
     last_axis.add(batch)
     assert last_axis.try_atomic_add(batch, last_axis, "_journal") is None and last_axis._plan is False
     first_axis = FrameStorage(10, stack_axis=0, n_step=1, check=False)
+    first_axis.compiled = True
     first_axis.add(batch)
     assert first_axis.try_atomic_add(batch, first_axis, "_journal") is None  # float64 rewards stored as float32
     assert first_axis.total_added == 2
