@@ -175,6 +175,8 @@ class ReplayBuffer:
         and some of the row it overwrites. The next ``add`` therefore first rolls the storage's
         counters back (all its bookkeeping, for a storage with ``snapshot``/``restore``; see
         :func:`storage_snapshot`) and writes the interrupted batch again, in full, into the same slots.
+        A storage with ``try_atomic_add`` (``FrameStorage``'s compiled insert) writes the batch and
+        clears this record in one call that no interrupt can split, so no snapshot is taken then.
         """
         self._finish_interrupted_add()
         storage = self.storage
