@@ -226,8 +226,8 @@ class FrameStorage:
         """
         if self._journal is None:
             self._journal = (None, [batch])  # (the compiled step clears it in the same call that writes the batch)
-            if self._compiled:
-                slots = self._compiled_add(batch, self, "_journal")
+            if self._plan is not False:  # (False: not compiled, or a layout the compiled insert does not cover)
+                slots = self.try_atomic_add(batch, self, "_journal")
                 if slots is not None:
                     return slots
         else:
@@ -265,17 +265,14 @@ class FrameStorage:
         the record cleared): a buffer needs no snapshot for it. See
         ``docs/design/pixel-replay.md``.
         """
-        if not self._compiled or self._journal is not None:  # (a cut-short add of the storage's own waits)
-            return None
-        return self._compiled_add(batch, owner, record)
-
-    def _compiled_add(self, batch: TransitionBatch, owner: Any, record: str) -> np.ndarray | None:
         plan = self._plan
         if plan is None:
             plan = self._plan = self._make_plan()
             if plan is None:
                 return None
         if plan is False or type(batch) is not TransitionBatch:
+            return None
+        if self._journal is not None and owner is not self:  # a cut-short add of the storage's own comes first
             return None
         numbered = self._numbered
         if numbered is not None and numbered[0] is batch:  # a batch added again keeps its number: the Python path
@@ -296,6 +293,8 @@ class FrameStorage:
 
     def _make_plan(self) -> Any:
         """The compiled insert's hold on this storage's arrays; ``None`` before they exist, ``False`` if not covered."""
+        if not self._compiled:
+            return False
         if self.pool is None or self._fields.fields is None:
             return None
         fields = self._fields.fields

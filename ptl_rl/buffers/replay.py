@@ -178,7 +178,8 @@ class ReplayBuffer:
         A storage with ``try_atomic_add`` (``FrameStorage``'s compiled insert) writes the batch and
         clears this record in one call that no interrupt can split, so no snapshot is taken then.
         """
-        self._finish_interrupted_add()
+        if self._unfinished_add is not None:  # (checked here: a call fewer on the common add)
+            self._finish_interrupted_add()
         storage = self.storage
         self._unfinished_add = (None, batch)  # (a storage's snapshot runs code an interrupt can cut short)
         if self._atomic_add is not None:  # a storage that writes the batch and clears the record in one step
