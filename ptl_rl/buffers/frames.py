@@ -255,11 +255,14 @@ class FrameStorage:
 
         Returns the slots written (int64 [B]), or ``None`` when the batch is
         not covered by the compiled insert (then nothing changed: call
-        :meth:`add`). Covered: the common vector step, i.e. every env
-        ``0 .. B-1`` once in order, no episode end, each stack continuing its
-        env's last one (trusted, or compared in checked mode), ring and pool
-        wrap included, array observations stacked along axis 0, fields in
-        their stored dtypes. No Python code runs inside the call, so an
+        :meth:`add`). Covered: array observations ``[B, S, *frame]``
+        stacked along axis 0 (S >= 2) and fields in their stored dtypes, in
+        trusted and checked mode, with episode ends, restarted stacks, envs
+        missing, repeated or out of order, ring and pool wrap; the result is
+        bit-identical to the Python path's. Left to :meth:`add`: Dict
+        observations, other stack axes, dtypes to cast, a cut in the
+        numbered stream, a batch added again, a wrong ``n_step`` in checked
+        mode (it raises there). No Python code runs inside the call, so an
         interrupt lands before it (nothing written, the caller's record still
         set: the caller redoes the batch) or after it (the batch stored and
         the record cleared): a buffer needs no snapshot for it. See
@@ -288,7 +291,7 @@ class FrameStorage:
             fields.cursor, fields.size, fields.total_added, self.frames_written, fields._slot_numbers,
         )  # fmt: skip
         if type(slots) is int:  # the ring wrapped: the first slot (the batch is stored already)
-            return (slots + self._env_range[: len(batch)]) % self.capacity
+            return np.arange(slots, slots + len(batch)) % self.capacity
         return slots
 
     def _make_plan(self) -> Any:

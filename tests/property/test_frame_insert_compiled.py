@@ -251,3 +251,23 @@ def test_compiled_insert_is_left_for_layouts_it_does_not_cover():
     first_axis.add(batch)
     assert first_axis.try_atomic_add(batch, first_axis, "_journal") is None  # float64 rewards stored as float32
     assert first_axis.total_added == 2
+
+
+@compiled
+@pytest.mark.parametrize("check", [False, True])
+def test_long_batches_of_few_envs_wrap_alike(check):
+    """Batches of ~70 steps of 2 envs (an env many times: occurrence groups), wrapping a ring of 100."""
+    rng = np.random.default_rng(1)
+    make = functools.partial(FrameStorage, 100, stack_axis=0, n_step=1, extra_frames=500, check=check)
+    fast, pure = make(), make()
+    fast.compiled, pure.compiled = True, False
+    counting = Counting(fast)
+    stream = synthetic_batches(int(rng.integers(0, 1000)), 2, 3, 1, 400, 0.02, 3, False)
+    for i in range(0, len(stream) - 35, 35):  # 35 batches of 1-4 rows joined into one (~70 rows)
+        batch = TransitionBatch.concat(stream[i : i + 35])
+        order = np.argsort(batch["env_id"], kind="stable")  # every row of env 0, then env 1: time order per env
+        batch = batch.rows(order)
+        np.testing.assert_array_equal(fast.add(batch), pure.add(batch))
+        assert_same(fast, pure, f"batch at {i}")
+    assert counting.taken > 3
+    assert_same_samples(fast, pure)
