@@ -188,6 +188,12 @@ class FrameStorage:
             )
         self._upstream = upstream
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle / deepcopy without the compiled insert's hold on the arrays (rebuilt by the next add)."""
+        state = self.__dict__.copy()
+        state["_plan"] = None
+        return state
+
     @property
     def compiled(self) -> bool:
         """Whether adds may take the compiled insert (see :meth:`try_atomic_add`); ``False`` forces the Python path.

@@ -16,8 +16,10 @@ scripted envs of test_frame_storage in all three autoreset modes, through
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -271,3 +273,22 @@ def test_long_batches_of_few_envs_wrap_alike(check):
         assert_same(fast, pure, f"batch at {i}")
     assert counting.taken > 3
     assert_same_samples(fast, pure)
+
+
+@compiled
+def test_a_storage_with_a_plan_copies_and_pickles():
+    """The compiled insert's plan (a C object holding the arrays) is dropped on copy and rebuilt by the next add."""
+    batches = synthetic_batches(2, 3, 4, 3, 30, 0.1, 3, False)
+    storage = FrameStorage(50, stack_axis=0, n_step=3, check=False)
+    storage.compiled = True
+    for batch in batches[:15]:
+        storage.add(batch)
+    assert storage._plan not in (None, False)
+    twin = pickle.loads(pickle.dumps(storage))
+    other = copy.deepcopy(storage)
+    for batch in batches[15:]:
+        for s in (storage, twin, other):
+            s.add(batch)
+    assert_same(twin, storage, "pickled")
+    assert_same(other, storage, "deep-copied")
+    assert twin._plan not in (None, False)
