@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -72,6 +72,25 @@ def _last_stage(pipeline: Any) -> Any:
     return pipeline_stages(pipeline)[-1]
 
 
+class _Epoch:
+    """``steps`` batches of ``take()`` (``None``: endless); a call that raises does not count as a batch."""
+
+    def __init__(self, take: Callable[[], Any], steps: int | None) -> None:
+        self.take, self.remaining = take, steps
+
+    def __iter__(self) -> _Epoch:
+        return self
+
+    def __next__(self) -> Any:
+        if self.remaining is None:
+            return self.take()
+        if self.remaining <= 0:
+            raise StopIteration
+        batch = self.take()
+        self.remaining -= 1
+        return batch
+
+
 class PipelineDataset(IterableDataset):
     """An IterableDataset over a live pipeline, ``steps_per_epoch`` batches per epoch.
 
@@ -102,11 +121,9 @@ class PipelineDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         if self._iterator is None:
             self._start()
-        if self.steps_per_epoch is None:
-            while True:
-                yield self._next()
-        for _ in range(self.steps_per_epoch):
-            yield self._next()
+        # an iterator object, not a generator: an exception inside next() (a notebook interrupt) would close a
+        # generator, and every later next() on the same loader iterator would end the epoch without a word
+        return _Epoch(self._next, self.steps_per_epoch)
 
     def _start(self) -> None:
         rank, world_size = distributed_rank()

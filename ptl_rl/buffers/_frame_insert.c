@@ -29,7 +29,7 @@ typedef struct {
     Py_ssize_t frame_shape[MAXDIM];
 } Plan;
 
-static PyObject *s_cursor, *s_size, *s_total_added, *s_frames_written, *s_numbered, *s_seen_seq, *s_obs, *s_next_obs;
+static PyObject *s_cursor, *s_size, *s_total_added, *s_frames_written, *s_retained, *s_seen_seq, *s_obs, *s_next_obs;
 
 static void release_plan(Plan *p) {
     Py_buffer *own[5] = {&p->pool, &p->obs_refs, &p->next_refs, &p->state, &p->pending};
@@ -198,7 +198,7 @@ static void insert_stacks(Pool *pl, const Py_buffer *src, const Py_ssize_t *rows
     }
 }
 
-/* step(owner, record, storage, fields_storage, batch_fields, numbered, seq, trusted,
+/* step(owner, record, storage, fields_storage, batch_fields, retained, seq, trusted,
  *      cursor, size, total_added, frames_written, slot_numbers)
  * -> the slots written (slot_numbers[cursor:cursor + B]; the first slot, an int, when the ring wraps),
  *    or None (not covered: nothing changed) */
@@ -212,7 +212,7 @@ static PyObject *Plan_step(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     }
     PyObject *owner = args[0], *record = args[1], *storage = args[2], *fstore = args[3], *d = args[4];
-    PyObject *numbered = args[5], *seq = args[6];
+    PyObject *retained = args[5], *seq = args[6];
     int trusted = PyObject_IsTrue(args[7]);
     long long cursor = PyLong_AsLongLong(args[8]), size = PyLong_AsLongLong(args[9]);
     long long total = PyLong_AsLongLong(args[10]), fw = PyLong_AsLongLong(args[11]);
@@ -427,7 +427,7 @@ static PyObject *Plan_step(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
     bad |= PyObject_SetAttr(fstore, s_size, v_size) < 0;
     bad |= PyObject_SetAttr(fstore, s_total_added, v_total) < 0;
     bad |= PyObject_SetAttr(storage, s_frames_written, v_fw) < 0;
-    bad |= PyObject_SetAttr(storage, s_numbered, numbered) < 0;
+    bad |= PyObject_SetAttr(storage, s_retained, retained) < 0;
     if (seq != Py_None) bad |= PyObject_SetAttr(storage, s_seen_seq, seq) < 0;
     bad |= PyObject_SetAttr(owner, record, Py_None) < 0;
     Py_DECREF(v_cursor), Py_DECREF(v_size), Py_DECREF(v_total), Py_DECREF(v_fw);
@@ -453,7 +453,7 @@ done:
 
 static PyMethodDef Plan_methods[] = {
     {"step", (PyCFunction)(void (*)(void))Plan_step, METH_FASTCALL,
-     "step(owner, record, storage, fields_storage, batch_fields, numbered, seq, trusted, cursor, size, total_added, "
+     "step(owner, record, storage, fields_storage, batch_fields, retained, seq, trusted, cursor, size, total_added, "
      "frames_written, slot_numbers) -> the slots written (the first slot, an int, when the ring wraps), or None "
      "when the batch is not covered (nothing changed)"},
     {NULL, NULL, 0, NULL},
@@ -478,10 +478,10 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__frame_insert(void) {
     if (PyType_Ready(&PlanType) < 0) return NULL;
-    const char *names[] = {"cursor", "size", "total_added", "frames_written", "_numbered", "_seen_seq", "obs",
+    const char *names[] = {"cursor", "size", "total_added", "frames_written", "_retained", "_seen_seq", "obs",
                            "next_obs"};
     PyObject **slots[] = {&s_cursor, &s_size, &s_total_added, &s_frames_written,
-                          &s_numbered, &s_seen_seq, &s_obs, &s_next_obs};
+                          &s_retained, &s_seen_seq, &s_obs, &s_next_obs};
     for (int i = 0; i < 8; i++)
         if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
     PyObject *m = PyModule_Create(&module);

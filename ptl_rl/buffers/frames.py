@@ -150,7 +150,11 @@ class FrameStorage:
         self._seen_seq: int | None = None  # stream_seq of the upstream's batch added last (trusted mode)
         # (snapshot before them, batches) while an add is under way: still set on entry means an add was cut short
         self._journal: tuple[Any, list[TransitionBatch]] | None = None
-        self._numbered: tuple[TransitionBatch, int | None] | None = None  # the last batch added and its stream_seq
+        # (batch, its stream_seq) of the last few batches pulled or added: a batch keeps the number it had when it
+        # was pulled, though the upstream has moved on by the time an interrupted add of it is done again
+        self._numbered: tuple[tuple[TransitionBatch, int | None], ...] = ()
+        # (first transition number, env_id, next_obs frames) of the last n_step batches added (references)
+        self._retained: tuple[tuple[int, np.ndarray, np.ndarray], ...] = ()
         # the compiled insert's hold on the arrays (None: to build; False: this storage's layout is not covered);
         # reset wherever an array it holds is replaced
         self._plan: Any = None
@@ -267,7 +271,7 @@ class FrameStorage:
         missing, repeated or out of order, ring and pool wrap; the result is
         bit-identical to the Python path's. Left to :meth:`add`: Dict
         observations, other stack axes, dtypes to cast, a cut in the
-        numbered stream, a batch added again, a wrong ``n_step`` in checked
+        numbered stream (or a batch numbered as the last one added), a wrong ``n_step`` in checked
         mode (it raises there). No Python code runs inside the call, so an
         interrupt lands before it (nothing written, the caller's record still
         set: the caller redoes the batch) or after it (the batch stored and
@@ -283,18 +287,25 @@ class FrameStorage:
             return None
         if self._journal is not None and owner is not self:  # a cut-short add of the storage's own comes first
             return None
-        numbered = self._numbered
-        if numbered is not None and numbered[0] is batch:  # a batch added again keeps its number: the Python path
-            return None
-        upstream = self._upstream
-        seq = None if upstream is None else getattr(upstream, "stream_seq", None)
+        for noted, seq in self._numbered:  # the number noted when the batch was pulled (see note_stream_seq)
+            if noted is batch:
+                break
+        else:
+            seq = getattr(self._upstream, "stream_seq", None)
+            self.note_stream_seq(batch, seq)
         if seq is not None and (self._seen_seq is None or seq != self._seen_seq + 1):
-            return None  # a cut in the stream: the Python path drops what waits and trusts nothing
+            return None  # a cut in the stream (or the batch again): the Python path resolves what waits
         trusted = seq is not None if self.check is None else not self.check  # (the `trusted` property, inlined)
         fields = self._fields
+        first_gen = fields.total_added
+        env = batch._fields["env_id"]
+        if type(env) is not np.ndarray or env.dtype != np.int64:
+            return None  # (a dtype to cast: the Python path)
+        # set by the same call as the counters: the newest batches' own next_obs, taken at a cut (_resolve_waiting)
+        retained = (*self._retained, (first_gen, env, batch._fields["next_obs"]))[-(self.n_step or 1) :]
         slots = plan.step(
-            owner, record, self, fields, batch._fields, (batch, seq), seq, trusted,
-            fields.cursor, fields.size, fields.total_added, self.frames_written, fields._slot_numbers,
+            owner, record, self, fields, batch._fields, retained, seq, trusted,
+            fields.cursor, fields.size, first_gen, self.frames_written, fields._slot_numbers,
         )  # fmt: skip
         if type(slots) is int:  # the ring wrapped: the first slot (the batch is stored already)
             return np.arange(slots, slots + len(batch)) % self.capacity
@@ -361,7 +372,7 @@ class FrameStorage:
             if self._seen_seq is None or seq != self._seen_seq + 1:
                 # steps are missing (a cut in the stream, a restore, a batch lost to an interrupt): no stored
                 # transition takes a later observation as next_obs, and no stack is trusted to continue
-                self._state.recent[:] = -1
+                self._resolve_waiting()
                 self._state.trust[:] = 0
             self._seen_seq = seq
         # the slots to overwrite become unsampleable before any of their fields change (next_obs pending)
@@ -396,18 +407,43 @@ class FrameStorage:
             envs = np.flatnonzero(last_row >= 0)
             finished = envs[done[last_row[envs]]]
             state.last[finished] = state.final[finished]
+        # the newest batches stay referenced (no copy): at a cut, their rows still waiting take their own next_obs
+        self._retained = (*self._retained, (first_gen, env, next_frames))[-self.n_step :]
         return slots
 
-    def _stream_seq(self, batch: TransitionBatch) -> int | None:
-        """The upstream's number of ``batch`` (``None``: not numbered), read when it is first added.
+    def _resolve_waiting(self) -> None:
+        """At a cut: each transition still waiting for its ``next_obs`` takes the one its own batch carried.
 
-        A batch added again after an interrupt keeps its number, though the
-        upstream may have moved on (a buffer redoes it when it adds the next).
+        Its frames are written to the pool (deduplicated against the env's
+        newest stack); a transition whose batch is no longer retained stays
+        unsampleable. Then nothing waits: no later observation is linked.
         """
-        if self._numbered is not None and self._numbered[0] is batch:
-            return self._numbered[1]
+        state = self._state
+        waiting = state.recent[state.recent >= max(self._fields.total_added - self.capacity, 0)]
+        for first_gen, env, next_frames in self._retained if len(waiting) else ():
+            rows = waiting - first_gen
+            rows = rows[(rows >= 0) & (rows < len(env))]
+            if len(rows):
+                refs = self._insert_stacks(state.last[env[rows]], next_frames[rows], None)[0]
+                self._next_refs[(first_gen + rows) % self.capacity] = refs
+        state.recent[:] = -1
+
+    def note_stream_seq(self, batch: TransitionBatch, seq: int | None) -> None:
+        """Record the upstream's number of ``batch``, read when it was pulled (a buffer calls it from its pull).
+
+        An add cut short is done again when the *next* batch is added, after the
+        upstream numbered that one: the number must come from the pull, or a
+        batch lost to a second interrupt during the redo would leave no gap.
+        """
+        self._numbered = (*self._numbered[-3:], (batch, seq))  # (one assignment: an interrupt cannot split it)
+
+    def _stream_seq(self, batch: TransitionBatch) -> int | None:
+        """The upstream's number of ``batch`` (``None``: not numbered): noted at its pull, else read now."""
+        for noted, seq in self._numbered:
+            if noted is batch:
+                return seq
         seq = getattr(self._upstream, "stream_seq", None)
-        self._numbered = (batch, seq)
+        self.note_stream_seq(batch, seq)
         return seq
 
     @property
@@ -434,7 +470,8 @@ class FrameStorage:
         """
         fields = self._fields
         pending = None if self.trusted or self._pending is None else self._pending.copy()
-        return (fields.cursor, fields.size, fields.total_added, self._state.array.copy(), pending, self._seen_seq)
+        state = self._state.array.copy()
+        return (fields.cursor, fields.size, fields.total_added, state, pending, self._seen_seq, self._retained)
 
     def restore(self, snapshot: tuple[Any, ...]) -> None:
         """Roll the bookkeeping back to ``snapshot`` (taken by :meth:`snapshot` before an add that was cut short).
@@ -447,15 +484,18 @@ class FrameStorage:
         self._journal = None
 
     def _restore_bookkeeping(self, snapshot: tuple[Any, ...]) -> None:
-        cursor, size, total_added, state, pending, seen_seq = snapshot
+        cursor, size, total_added, state, pending, seen_seq, self._retained = snapshot
         self._plan = None  # (it holds the arrays replaced here)
-        if state.shape[1] != 2 * self.stack + 1 + (self.n_step or 1):
-            # taken before the first add shaped the state for its stacks (that add was refused): start empty
+        if state.shape[1] != 2 * self.stack + 1 + (self.n_step or 1) or (
+            pending is not None and pending.shape[2:] != getattr(self, "frame_shape", ())
+        ):
+            # taken before the first add allocated (a placeholder for a stack of 1): nothing was stored then
             self._allocate_env_state(0)
+            pending = None
         else:
             self._state = _EnvState(state.copy(), self.stack, self.n_step or 1)
-            if pending is not None:
-                self._pending = pending.copy()
+        if pending is not None:
+            self._pending = pending.copy()
         self._seen_seq = seen_seq
         fields = self._fields
         fields.cursor, fields.size, fields.total_added = cursor, size, total_added
@@ -493,8 +533,9 @@ class FrameStorage:
                 where = name if self._obs_keys is None else f"{name}.{self.frame_key}"
                 raise ValueError(
                     f"field {where!r} has shape {value.shape} and dtype {value.dtype}; the FrameStorage stores "
-                    f"[{len(batch)}, *{self.obs_shape}] {self.obs_dtype} (allocated from the first batch). Every "
-                    "batch added to one buffer must carry observations of one shape and dtype."
+                    f"{len(batch)} rows (one per transition) of shape {self.obs_shape} and dtype {self.obs_dtype} "
+                    "(allocated from the first batch). Every batch added to one buffer must carry observations of "
+                    "one shape and dtype."
                 )
         return obs, next_obs
 
@@ -892,6 +933,7 @@ class FrameStorage:
         self._state.recent[:] = -1
         self._state.trust[:] = 0
         self._seen_seq = None
+        self._retained = ()
         self._journal = None
 
     def _obs_shape_from(self, frame: tuple[int, ...], stack: int) -> tuple[int, ...]:

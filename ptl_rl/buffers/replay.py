@@ -154,6 +154,9 @@ class ReplayBuffer:
     def _pull(self) -> np.ndarray:
         """Add the upstream's next batch; returns its slots."""
         batch = next(self.upstream)
+        note = getattr(self.storage, "note_stream_seq", None)
+        if note is not None:  # (the number as of the pull: an interrupted add is redone after the next pull)
+            note(batch, getattr(self.upstream, "stream_seq", None))
         if not SWITCH.on:
             return self._add_pulled(batch)
         # timed here, not in add(): a standalone add() (offline filling, the add benchmark) pays nothing for it

@@ -172,9 +172,14 @@ class ArrayStorage:
             except (KeyError, IndexError, TypeError, AttributeError):
                 leaf = np.asarray(leaf, dtype=object)
             path = ".".join((name, *keys))
+            if np.ndim(leaf) and len(leaf) != size:
+                raise ValueError(
+                    f"field {path!r} has {len(leaf)} rows but the batch has {size} (its first field's rows): "
+                    "every field of a batch holds one row per transition"
+                )
             raise ValueError(
-                f"field {path!r} has shape {leaf.shape} and dtype {leaf.dtype}; the buffer stores "
-                f"[{size}, *{shape}] {dtype} (allocated from the first batch). "
+                f"field {path!r} has rows of shape {tuple(leaf.shape[1:])} and dtype {leaf.dtype}; the buffer stores "
+                f"rows of shape {shape} and dtype {dtype} (allocated from the first batch). "
                 f"Cast it with .astype({dtype}) or reshape it before adding."
             )
 

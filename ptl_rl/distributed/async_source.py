@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import multiprocessing
+import pickle
 import queue
 import signal
+import sys
 import time
 import traceback
 import weakref
@@ -175,6 +178,25 @@ def _context(start_method: str | None) -> Any:
     return ctx
 
 
+def _check_importable(factory: Factory) -> None:
+    """Raise, naming the fix, for a factory the collector process could not import (checked before it starts)."""
+    try:
+        pickle.dumps(factory)
+    except Exception as error:  # noqa: BLE001 - pickle raises several types (PicklingError, AttributeError, ...)
+        raise TypeError(
+            f"the factory {factory!r} cannot be sent to the collector process ({type(error).__name__}: {error}). "
+            "Pass a module-level function or a functools.partial of one, not a lambda or a nested function."
+        ) from error
+    func = factory.func if isinstance(factory, functools.partial) else factory
+    main = sys.modules.get("__main__")
+    if getattr(func, "__module__", None) == "__main__" and not hasattr(main, "__file__"):
+        raise TypeError(
+            f"the factory {getattr(func, '__qualname__', func)!r} is defined in a notebook or an interactive "
+            "session, which the collector process cannot import (it starts a fresh interpreter and imports the "
+            "factory by name). Put it in a .py file next to the notebook and import it from there."
+        )
+
+
 def _describe_exit(code: int | None) -> str:
     if code is not None and code < 0:
         with contextlib.suppress(ValueError):
@@ -258,6 +280,7 @@ class AsyncSource(RemoteEpisodes):
             raise TypeError(
                 f"factory must be callable as factory(WorkerInfo) -> Collector, got {type(factory).__name__}"
             )
+        _check_importable(factory)
         if queue_size < 1:
             raise ValueError(f"queue_size must be >= 1, got {queue_size}")
         if steps_per_message < 1:

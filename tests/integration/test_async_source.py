@@ -227,3 +227,22 @@ def test_collector_exits_when_the_learner_process_dies() -> None:
     assert proc.stdout.strip(), proc.stderr
     child = int(proc.stdout.split()[0])
     assert _gone(child, within=10.0), "the collector outlived its learner"
+
+
+def test_a_factory_the_collector_cannot_import_is_refused_before_any_process_starts(monkeypatch) -> None:
+    with pytest.raises(TypeError, match="module-level function or a functools.partial of one, not a lambda"):
+        AsyncSource(lambda info: scripted_collector(info))
+
+    def nested(info):  # pragma: no cover - never called
+        return scripted_collector(info)
+
+    with pytest.raises(TypeError, match="cannot be sent to the collector process"):
+        AsyncSource(functools.partial(nested, seed=0))
+    assert AsyncSource(functools.partial(scripted_collector)).pid is None  # (a fixed one is taken; nothing started)
+    # a function of a notebook's __main__ pickles by name, but a fresh interpreter has no such module to import
+    notebook_fn = functools.partial(scripted_collector)
+    monkeypatch.setattr(scripted_collector, "__module__", "__main__")
+    monkeypatch.setitem(sys.modules, "__main__", type(sys)("__main__"))  # (a module without __file__)
+    monkeypatch.setattr(sys.modules["__main__"], "scripted_collector", scripted_collector, raising=False)
+    with pytest.raises(TypeError, match="defined in a notebook or an interactive session"):
+        AsyncSource(notebook_fn)

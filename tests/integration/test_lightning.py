@@ -103,6 +103,43 @@ def test_steps_per_epoch_gives_lightning_epochs_that_continue_the_same_pipeline(
     assert len(ptl_rl.find_stage(sampler, ptl_rl.ReplayBuffer)) >= 32 + 2 * 29
 
 
+@pytest.mark.parametrize("steps_per_epoch", [None, 6])
+def test_a_loader_iterator_goes_on_after_an_interrupt_inside_next(steps_per_epoch) -> None:
+    # a notebook interrupt inside next(it) must not end the epoch: later next(it) calls go on, and an
+    # interrupted call does not count as one of the epoch's batches
+    net, sampler = build_pipeline()
+    source = ptl_rl.find_stage(sampler, ptl_rl.ExperienceSource)
+    env_step = source._env_step
+    calls = {"n": 0, "at": -1}  # armed after the first batch: the next env step raises
+
+    def interrupted_once(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == calls["at"]:
+            raise KeyboardInterrupt
+        return env_step(*args, **kwargs)
+
+    source._env_step = interrupted_once
+    loader = ptl_rl.to_dataloader(sampler, steps_per_epoch=steps_per_epoch)
+    it = iter(loader)
+    got, interrupts = 0, 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (no Trainer stops this endless loader: the warning is expected)
+        while got < 12 and interrupts < 2:
+            try:
+                batch = next(it)
+            except KeyboardInterrupt:
+                interrupts += 1
+                continue
+            except StopIteration:
+                break
+            assert batch.obs.shape == (16, 4)
+            got += 1
+            if got == 1:
+                calls["at"] = calls["n"] + 1
+    assert interrupts == 1
+    assert got == (12 if steps_per_epoch is None else steps_per_epoch)
+
+
 def test_the_batch_is_a_collection_lightning_knows() -> None:
     from lightning_utilities.core.apply_func import apply_to_collection
     from pytorch_lightning.utilities.data import extract_batch_size

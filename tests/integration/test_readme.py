@@ -56,3 +56,18 @@ def test_the_readme_lightning_project_example_runs(tmp_path, monkeypatch) -> Non
     assert 200 <= trainer.global_step <= 300 and "eval/return_mean" in trainer.callback_metrics
     checkpoint_callback = trainer.checkpoint_callback
     assert checkpoint_callback.best_model_path and checkpoint_callback.last_model_path
+
+
+def test_the_scaling_out_example_trains_from_a_background_collector(tmp_path) -> None:
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    (tmp_path / "collectors.py").write_text(readme_code_block("Scaling out"))
+    train = readme_code_block("The learner (``train.py``) trains on what the collector sends; an")
+    assert "max_steps=2_000" in train
+    (tmp_path / "train.py").write_text(train.replace("max_steps=2_000", "max_steps=20, enable_progress_bar=False"))
+    run = subprocess.run(
+        [sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "max_steps=20` reached" in run.stderr + run.stdout

@@ -61,6 +61,10 @@ def snapshot_of(storage: FrameStorage) -> dict[str, object]:
     out.update(state=storage._state.array.copy(), pending=storage._pending.copy())
     for name, array in storage._fields.fields.items():
         out[f"field.{name}"] = np.array(array, copy=True)
+    # what a cut resolves from: the newest batches' first transition number, env ids and next_obs frames
+    out["retained.first"] = tuple(first for first, _, _ in storage._retained)
+    for k, (_, env, next_frames) in enumerate(storage._retained):
+        out[f"retained.{k}.env"], out[f"retained.{k}.next"] = np.array(env), np.array(next_frames)
     return out
 
 

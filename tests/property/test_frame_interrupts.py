@@ -113,3 +113,70 @@ def test_add_interrupted_at_every_line_is_redone(kind, n, check, compiled):
             buffer.add(b)
         assert_exact(buffer, table, twin, where=f"line {k}")
         assert buffer.storage.total_added == twin.storage.total_added
+
+
+@pytest.mark.parametrize("compiled", COMPILED)
+@pytest.mark.parametrize("check", [True, False])
+def test_first_add_interrupted_at_every_line_is_redone(check, compiled):
+    # the first add allocates (the stack depth is only known then): an interrupt anywhere in it, allocation
+    # included, must leave a buffer whose next add redoes it, not one stuck with the pre-allocation layout
+    n = 3
+    batches, table = recorded_batches(n)
+    batches = batches[:20]
+    storage_files = {sys.modules[m].__file__ for m in ("ptl_rl.buffers.frames", "ptl_rl.buffers.storage")}
+    injector = Injector({"storage": lambda code: code.co_filename in storage_files})
+    twin = make_buffer("uniform", n, check, compiled)
+    injector.run(lambda: twin.add(batches[0]))
+    lines = injector.counts["storage"]
+    assert lines > 30
+    for b in batches[1:]:
+        twin.add(b)
+    for k in range(1, lines + 1):
+        buffer = make_buffer("uniform", n, check, compiled)
+        with pytest.raises(KeyboardInterrupt):
+            injector.run(lambda: buffer.add(batches[0]), "storage", k, KeyboardInterrupt())  # noqa: B023
+        for b in batches[1:]:
+            buffer.add(b)
+        assert_exact(buffer, table, twin, where=f"line {k}")
+        assert buffer.storage.total_added == twin.storage.total_added
+
+
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_two_interrupts_in_a_row_lose_batches_but_store_nothing_wrong(compiled):
+    # an add cut short is redone by the next pull's add; if a second interrupt cuts that redo, the batch just
+    # pulled is lost. The redone batch must keep the number it was pulled with, or the batch after the lost
+    # one looks contiguous and its stacks are trusted to continue from the wrong step
+    n = 3
+    frames_file = sys.modules["ptl_rl.buffers.frames"].__file__
+    injector = Injector({"frames": lambda code: code.co_filename == frames_file})
+
+    def pipeline():
+        env = make_env("NextStep")
+        stream = NStepTransform(ExperienceSource(env, random_agent(3, 2), seed=6), n=n, gamma=0.9)
+        storage = functools.partial(FrameStorage, stack_axis=0, extra_frames=400)
+        buffer = ReplayBuffer(stream, 300, warmup=0, transitions_per_yield=1, seed=0, storage=storage)
+        buffer.storage.compiled = compiled
+        for _ in range(12):
+            next(buffer)
+        return env, buffer
+
+    env, buffer = pipeline()
+    injector.run(lambda: next(buffer))
+    lines = injector.counts["frames"]
+    cuts = 0
+    for first in range(1, lines + 1, 3):
+        for second in (1, 4, 9, 17, 30, 60, 120):
+            env, buffer = pipeline()
+            for k in (first, second):
+                try:
+                    injector.run(lambda: next(buffer), "frames", k, KeyboardInterrupt())  # noqa: B023
+                except KeyboardInterrupt:
+                    cuts += 1
+            for _ in range(15):
+                next(buffer)
+            storage = buffer.storage
+            every = np.arange(len(storage))
+            ok = storage.sampleable(every)
+            assert len(every) - ok.sum() <= 3 * n  # lost batches leave no dead slots: only the newest rows wait
+            check_against_reference(storage.gather(every[ok]), reference(recorders(env), n, False), False)
+    assert cuts > lines // 3  # the interrupts did land

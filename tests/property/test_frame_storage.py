@@ -31,6 +31,7 @@ from ptl_rl import (
     TransitionBatch,
 )
 from ptl_rl.buffers import ArrayStorage, load_buffer, save_buffer
+from ptl_rl.buffers.frames import _frame_insert
 from ptl_rl.buffers.persist import MANIFEST, read_manifest
 
 STACK = 4
@@ -419,7 +420,7 @@ def test_dict_observations_match_env_record(mode, n, padding, check):
     twin = ArrayStorage(23)
     for _ in range(50):
         slots = buffer._pull()
-        twin.add(buffer.storage._numbered[0])  # the batch the buffer just stored
+        twin.add(buffer.storage._numbered[-1][0])  # the batch the buffer just stored
         assert buffer.storage.frame_key == "pixels"
         every = np.arange(len(buffer))
         ok = buffer.storage.sampleable(every)
@@ -490,11 +491,12 @@ def test_trusted_inserts_compare_again_after_a_cut_in_the_stream():
         added.append(batch)
     every = np.arange(len(storage))
     ok = storage.sampleable(every)
-    assert ok.sum() == len(every) - 2  # t=9 lost its next_obs in the cut; t=204 waits for its own
+    assert ok.sum() == len(every) - 1  # t=9 took the next_obs its own batch carried at the cut; t=204 waits
     everything = TransitionBatch.concat(added)
     np.testing.assert_array_equal(storage.gather(every[ok])["obs"], everything["obs"][ok])
     np.testing.assert_array_equal(storage.gather(every[ok])["next_obs"], everything["next_obs"][ok])
-    assert storage.frames_written == 1 + 9 + 1 + 4  # one frame a start (its padding repeats it), one a step
+    # one frame a start (its padding repeats it), one a step, and t=9's own next_obs frame at the cut
+    assert storage.frames_written == 1 + 9 + 1 + 1 + 4
 
 
 def test_wrong_n_step_against_a_numbered_upstream_is_refused():
@@ -503,3 +505,36 @@ def test_wrong_n_step_against_a_numbered_upstream_is_refused():
 
     with pytest.raises(ValueError, match="n_step=1 but its upstream emits 3-step"):
         ReplayBuffer(Numbered(), 10, storage=functools.partial(FrameStorage, n_step=1))
+
+
+COMPILED = [False, pytest.param(True, marks=pytest.mark.skipif(_frame_insert is None, reason="not built"))]
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_peeking_at_the_upstream_leaves_no_dead_slots(mode, n, compiled):
+    """next() on the n-step stage between the buffer's pulls (a notebook peek) cuts the streams; stored rows stay.
+
+    The transitions that waited for a later observation as next_obs when the
+    cut came take the one their own batch carried: every stored transition is
+    sampleable except the newest ones of each env, which wait for theirs.
+    """
+    env = make_env(mode)
+    stream = NStepTransform(ExperienceSource(env, random_agent(3, 4), seed=3), n=n, gamma=0.9)
+    storage = functools.partial(FrameStorage, stack_axis=0)
+    buffer = ReplayBuffer(stream, 400, warmup=0, transitions_per_yield=1, seed=0, storage=storage)
+    buffer.storage.compiled = compiled  # the rows the compiled insert adds must be resolved at a cut as well
+    rng = np.random.default_rng(n)
+    peeks = 0
+    for _ in range(120):
+        if rng.random() < 0.3:
+            next(stream)  # the user looks at a batch: the buffer never sees it
+            peeks += 1
+        else:
+            next(buffer)
+    every = np.arange(len(buffer))
+    ok = buffer.storage.sampleable(every)
+    assert peeks > 20 and len(buffer) > 60
+    assert len(every) - ok.sum() <= env.num_envs * n  # only the newest rows of each env wait for next_obs
+    check_against_reference(buffer.storage.gather(every[ok]), reference(recorders(env), n, False), False)

@@ -134,8 +134,8 @@ def test_state_of_an_empty_buffer_round_trips() -> None:
     "change, message",
     [
         (lambda b: {**b, "obs": b["obs"].astype(np.float64)}, "field 'obs'.*float64.*astype"),
-        (lambda b: {**b, "obs": b["obs"][:, :2]}, "field 'obs' has shape"),
-        (lambda b: {**b, "reward": b["reward"][:3]}, "field 'reward' has shape"),
+        (lambda b: {**b, "obs": b["obs"][:, :2]}, r"field 'obs' has rows of shape \(2,\).*stores rows of shape \(3,\)"),
+        (lambda b: {**b, "reward": b["reward"][:3]}, "field 'reward' has 3 rows but the batch has"),
         (lambda b: {k: v for k, v in b.items() if k != "log_prob"}, r"missing \['log_prob'\]"),
         (lambda b: {**b, "value": b["reward"]}, r"unexpected \['value'\]"),
     ],
