@@ -271,8 +271,8 @@ class FrameStorage:
         missing, repeated or out of order, ring and pool wrap; the result is
         bit-identical to the Python path's. Left to :meth:`add`: Dict
         observations, other stack axes, dtypes to cast, a cut in the
-        numbered stream (or a batch numbered as the last one added), a wrong ``n_step`` in checked
-        mode (it raises there). No Python code runs inside the call, so an
+        numbered stream (a batch added again is one), a wrong ``n_step`` in
+        checked mode (it raises there). No Python code runs inside the call, so an
         interrupt lands before it (nothing written, the caller's record still
         set: the caller redoes the batch) or after it (the batch stored and
         the record cleared): a buffer needs no snapshot for it. See
@@ -287,8 +287,9 @@ class FrameStorage:
             return None
         if self._journal is not None and owner is not self:  # a cut-short add of the storage's own comes first
             return None
-        for noted, seq in self._numbered:  # the number noted when the batch was pulled (see note_stream_seq)
+        for noted, noted_seq in self._numbered:  # the number noted when the batch was pulled (note_stream_seq)
             if noted is batch:
+                seq = noted_seq
                 break
         else:
             seq = getattr(self._upstream, "stream_seq", None)
