@@ -309,6 +309,7 @@ class AsyncSource(RemoteEpisodes):
         self._version_value: Any = None
         self._lock: Any = None
         self._first_batch_seen = False
+        self._stashed: tuple | None = None  # a message read while checking on a collector that had exited
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -367,6 +368,11 @@ class AsyncSource(RemoteEpisodes):
             daemon=False,  # a daemonic process may not start children, and the collector's AsyncVectorEnv does
         )
         self._proc.start()
+        # the learner only reads: without its copy of the write end, a collector that dies in the middle of a
+        # message (killed, out of memory) leaves an end of file, not a read that waits for the rest forever
+        with contextlib.suppress(AttributeError, OSError):
+            self._data_q._writer.close()
+        self._stashed = None
         self.incarnation += 1
         self._restore_counters = True  # a later process continues these counters
         self._first_batch_seen = False
@@ -445,6 +451,9 @@ class AsyncSource(RemoteEpisodes):
             raise
 
     def _receive(self) -> tuple:
+        if self._stashed is not None:  # read by _raise_if_dead from a collector that had exited
+            message, self._stashed = self._stashed, None
+            return message
         waited = 0.0
         while True:
             try:
@@ -453,6 +462,8 @@ class AsyncSource(RemoteEpisodes):
                 return message
             except queue.Empty:
                 waited += _POLL_S
+            except (EOFError, OSError):  # the collector is gone, maybe in the middle of a message
+                self._proc.join(_POLL_S)
             self._raise_if_dead()
             if not self._first_batch_seen and waited > self.start_timeout:
                 self.close()
@@ -465,9 +476,11 @@ class AsyncSource(RemoteEpisodes):
         proc = self._proc
         if proc is None or proc.is_alive():
             return
-        with contextlib.suppress(queue.Empty):  # it may have sent an error (or a last batch) just before exiting
-            self._data_q.put(self._data_q.get(timeout=_POLL_S))
-            return  # read it first; the next look finds the process dead and the queue empty
+        # it may have sent an error (or a last batch) just before exiting: read it first; the next look finds the
+        # process dead and the queue empty (or a message cut short by its death: an end of file)
+        with contextlib.suppress(queue.Empty, EOFError, OSError):
+            self._stashed = self._data_q.get(timeout=_POLL_S)
+            return
         started = self._first_batch_seen
         self.close()
         hint = (

@@ -209,6 +209,56 @@ def test_killed_collector_is_reported() -> None:
         source.close()
 
 
+def _within(seconds: float, work) -> None:
+    """Run ``work`` in a thread; fail (instead of hanging the suite) if it is not done in ``seconds``."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still blocked after {seconds} s"
+    if errors:
+        raise errors[0]
+
+
+LARGE = functools.partial(scripted_collector, n=3, padded=True)  # ~0.8 MB messages at 64 steps: > a pipe's 64 KiB
+
+
+def test_collector_killed_in_the_middle_of_a_large_message_is_reported_not_waited_for() -> None:
+    """The learner does not keep the queue's write end: a message cut short by the collector's death is an EOF."""
+    source = AsyncSource(LARGE, steps_per_message=64, queue_size=4)
+    try:
+        next(source)
+        time.sleep(1.0)  # the queue fills; the collector's feeder thread waits in the middle of a message
+        os.kill(source.pid, signal.SIGKILL)
+
+        def drain() -> None:
+            with pytest.raises(CollectorError, match="killed by signal SIGKILL"):
+                for _ in range(100):
+                    next(source)
+
+        _within(20.0, drain)
+    finally:
+        source.close()
+
+
+def test_close_while_large_messages_are_in_flight_returns() -> None:
+    """close() drains the queue while the collector exits, maybe in the middle of a message: it must not hang."""
+    for _ in range(4):
+        source = AsyncSource(LARGE, steps_per_message=64, queue_size=4)
+        next(source)
+        pid = source.pid
+        time.sleep(0.5)
+        _within(20.0, source.close)
+        assert _gone(pid)
+
+
 def test_collector_exits_when_the_learner_process_dies() -> None:
     """No orphan: a learner killed with SIGKILL (no cleanup runs) leaves a collector that exits by itself."""
     script = textwrap.dedent(
