@@ -53,6 +53,16 @@ from ptl_rl.state import check_version, versioned
 
 _OBS_FIELDS = ("obs", "next_obs")
 
+# The compiled insert (``_frame_insert.c``, built by setup.py when a C compiler is there; optional): the common
+# vector step in one C call. ``PTL_RL_PURE_PYTHON=1`` in the environment, read once here at import, forces the
+# Python path for every FrameStorage (``FrameStorage.compiled`` does it for one).
+PURE_PYTHON = os.environ.get("PTL_RL_PURE_PYTHON", "") not in ("", "0")
+try:
+    from ptl_rl.buffers import _frame_insert
+except ImportError:  # not built (no compiler at install time, or a source checkout without build_ext)
+    _frame_insert = None
+COMPILED_INSERT = _frame_insert is not None and not PURE_PYTHON
+
 
 class FrameStorage:
     """A ring of ``capacity`` transitions whose observations live in a shared frame pool.
@@ -145,6 +155,10 @@ class FrameStorage:
         self._numbered: tuple[tuple[TransitionBatch, int | None], ...] = ()
         # (first transition number, env_id, next_obs frames) of the last n_step batches added (references)
         self._retained: tuple[tuple[int, np.ndarray, np.ndarray], ...] = ()
+        # the compiled insert's hold on the arrays (None: to build; False: this storage's layout is not covered);
+        # reset wherever an array it holds is replaced
+        self._plan: Any = None
+        self._compiled = COMPILED_INSERT
         self._allocate_env_state(0)
 
     # ------------------------------------------------------------------ counters (the ArrayStorage API)
@@ -178,6 +192,27 @@ class FrameStorage:
             )
         self._upstream = upstream
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle / deepcopy without the compiled insert's hold on the arrays (rebuilt by the next add)."""
+        state = self.__dict__.copy()
+        state["_plan"] = None
+        return state
+
+    @property
+    def compiled(self) -> bool:
+        """Whether adds may take the compiled insert (see :meth:`try_atomic_add`); ``False`` forces the Python path.
+
+        ``True`` by default when the extension ``ptl_rl.buffers._frame_insert`` is built and
+        ``PTL_RL_PURE_PYTHON`` is not set. Both paths leave the storage bit-identical.
+        """
+        return self._compiled
+
+    @compiled.setter
+    def compiled(self, value: bool) -> None:
+        if value and _frame_insert is None:
+            raise ValueError("the compiled insert ptl_rl.buffers._frame_insert is not built (see the README)")
+        self._compiled, self._plan = bool(value), None
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the storage's arrays (pool, references, other fields; memory-mapped ones included)."""
@@ -199,7 +234,14 @@ class FrameStorage:
         batch and its snapshot, and its next ``add`` rolls back and redoes it.
         A refused batch (``ValueError``) leaves the storage as it was.
         """
-        self._journal = (None, [batch]) if self._journal is None else (self._journal[0], [*self._journal[1], batch])
+        if self._journal is None:
+            self._journal = (None, [batch])  # (the compiled step clears it in the same call that writes the batch)
+            if self._plan is not False:  # (False: not compiled, or a layout the compiled insert does not cover)
+                slots = self.try_atomic_add(batch, self, "_journal")
+                if slots is not None:
+                    return slots
+        else:
+            self._journal = (self._journal[0], [*self._journal[1], batch])
         saved, batches = self._journal
         if saved is None:  # (None: no earlier add was cut short after its snapshot; nothing was written since)
             saved = self.snapshot()
@@ -217,6 +259,85 @@ class FrameStorage:
             raise
         self._journal = None
         return slots
+
+    def try_atomic_add(self, batch: TransitionBatch, owner: Any, record: str) -> np.ndarray | None:
+        """Add ``batch`` in one compiled call and set ``owner.<record>`` to ``None`` in that same call.
+
+        Returns the slots written (int64 [B]), or ``None`` when the batch is
+        not covered by the compiled insert (then nothing changed: call
+        :meth:`add`). Covered: array observations ``[B, S, *frame]``
+        stacked along axis 0 (S >= 2) and fields in their stored dtypes, in
+        trusted and checked mode, with episode ends, restarted stacks, envs
+        missing, repeated or out of order, ring and pool wrap; the result is
+        bit-identical to the Python path's. Left to :meth:`add`: Dict
+        observations, other stack axes, dtypes to cast, a cut in the
+        numbered stream (a batch added again is one), a wrong ``n_step`` in
+        checked mode (it raises there). No Python code runs inside the call, so an
+        interrupt lands before it (nothing written, the caller's record still
+        set: the caller redoes the batch) or after it (the batch stored and
+        the record cleared): a buffer needs no snapshot for it. See
+        ``docs/design/pixel-replay.md``.
+        """
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = self._make_plan()
+            if plan is None:
+                return None
+        if plan is False or type(batch) is not TransitionBatch:
+            return None
+        if self._journal is not None and owner is not self:  # a cut-short add of the storage's own comes first
+            return None
+        for noted, noted_seq in self._numbered:  # the number noted when the batch was pulled (note_stream_seq)
+            if noted is batch:
+                seq = noted_seq
+                break
+        else:
+            seq = getattr(self._upstream, "stream_seq", None)
+            self.note_stream_seq(batch, seq)
+        if seq is not None and (self._seen_seq is None or seq != self._seen_seq + 1):
+            return None  # a cut in the stream (or the batch again): the Python path resolves what waits
+        trusted = seq is not None if self.check is None else not self.check  # (the `trusted` property, inlined)
+        fields = self._fields
+        first_gen = fields.total_added
+        env = batch._fields["env_id"]
+        if type(env) is not np.ndarray or env.dtype != np.int64:
+            return None  # (a dtype to cast: the Python path)
+        # set by the same call as the counters: the newest batches' own next_obs, taken at a cut (_resolve_waiting)
+        retained = (*self._retained, (first_gen, env, batch._fields["next_obs"]))[-(self.n_step or 1) :]
+        slots = plan.step(
+            owner, record, self, fields, batch._fields, retained, seq, trusted,
+            fields.cursor, fields.size, first_gen, self.frames_written, fields._slot_numbers,
+        )  # fmt: skip
+        if type(slots) is int:  # the ring wrapped: the first slot (the batch is stored already)
+            return np.arange(slots, slots + len(batch)) % self.capacity
+        return slots
+
+    def _make_plan(self) -> Any:
+        """The compiled insert's hold on this storage's arrays; ``None`` before they exist, ``False`` if not covered."""
+        if not self._compiled:
+            return False
+        if self.pool is None or self._fields.fields is None:
+            return None
+        fields = self._fields.fields
+        covered = (
+            self._obs_keys is None
+            and self.stack > 1
+            and self._axis == 0
+            and self._fields._flat
+            and len(fields) <= 64
+            and all(type(a) in (np.ndarray, np.memmap) and a.flags.c_contiguous for a in fields.values())
+            and self._state.array.flags.c_contiguous
+        )
+        if not covered:
+            return False
+        names = tuple(fields)
+        try:
+            return _frame_insert.Plan(
+                self.pool, self._obs_refs, self._next_refs, self._state.array, self._pending, names,
+                tuple(fields[k] for k in names),
+            )  # fmt: skip
+        except (ValueError, TypeError, BufferError):  # an array the plan cannot hold: the Python path
+            return False
 
     def _add_chunks(self, batch: TransitionBatch) -> np.ndarray:
         if len(batch) > self.capacity:  # only the newest `capacity` rows survive: add them chunk by chunk
@@ -270,6 +391,8 @@ class FrameStorage:
             self._add_obs(env, rows_of, slots, first_gen, obs_frames, next_frames, done, any_done, trusted)
         else:
             for rows in _occurrence_groups(env, highest + 1):  # obs first, in time order per env
+                if rows is None:  # each env once, out of env order: all rows, as positions (not a new axis)
+                    rows = np.arange(count)
                 self._add_obs(
                     env[rows], None, slots[rows], first_gen + rows, obs_frames[rows], next_frames[rows],
                     done[rows], any_done, trusted,
@@ -363,6 +486,7 @@ class FrameStorage:
 
     def _restore_bookkeeping(self, snapshot: tuple[Any, ...]) -> None:
         cursor, size, total_added, state, pending, seen_seq, self._retained = snapshot
+        self._plan = None  # (it holds the arrays replaced here)
         if state.shape[1] != 2 * self.stack + 1 + (self.n_step or 1) or (
             pending is not None and pending.shape[2:] != getattr(self, "frame_shape", ())
         ):
@@ -639,6 +763,7 @@ class FrameStorage:
         return np.arange(first_position, first_position + count)
 
     def _allocate_env_state(self, num_envs: int) -> None:
+        self._plan = None  # (it holds the arrays replaced here)
         n = self.n_step or 1
         self._state = _EnvState.empty(num_envs, self.stack, n)
         frame = getattr(self, "frame_shape", ())
@@ -652,6 +777,7 @@ class FrameStorage:
         have = len(self._state.array)
         if num_envs <= have:
             return
+        self._plan = None  # (it holds the arrays replaced here)
         size = max(num_envs, 2 * have)
         state = _EnvState.empty(size, self.stack, self.n_step or 1)
         state.array[:have] = self._state.array
@@ -773,6 +899,7 @@ class FrameStorage:
             raise ValueError(
                 f"the saved storage has stack_axis={meta['stack_axis']}, this one {self.stack_axis}; use the same"
             )
+        self._plan = None  # (it holds the arrays replaced here)
         size = int(meta["size"])
         self.n_step = meta["n_step"]
         self.frame_key = meta.get("frame_key")

@@ -112,6 +112,9 @@ class ReplayBuffer:
         # (storage snapshot, batch) while an add is under way: still set on entry means the
         # previous add was interrupted, possibly between two fields of a row (see add)
         self._unfinished_add: tuple[Any, TransitionBatch] | None = None
+        # `storage.try_atomic_add(batch, owner, record)` (FrameStorage's compiled insert): the batch written and
+        # owner.<record> cleared in one call no interrupt can split, or None and nothing changed; no snapshot then
+        self._atomic_add = getattr(self.storage, "try_atomic_add", None)
         # time accounting (ptl_rl.profile): the stage's own time is the credit loop; add() is its part
         self._insert_clock = StageClock("insert", "transitions")
         self.clock = StageClock("replay", "transitions", (self._insert_clock,))
@@ -175,10 +178,17 @@ class ReplayBuffer:
         and some of the row it overwrites. The next ``add`` therefore first rolls the storage's
         counters back (all its bookkeeping, for a storage with ``snapshot``/``restore``; see
         :func:`storage_snapshot`) and writes the interrupted batch again, in full, into the same slots.
+        A storage with ``try_atomic_add`` (``FrameStorage``'s compiled insert) writes the batch and
+        clears this record in one call that no interrupt can split, so no snapshot is taken then.
         """
-        self._finish_interrupted_add()
+        if self._unfinished_add is not None:  # (checked here: a call fewer on the common add)
+            self._finish_interrupted_add()
         storage = self.storage
         self._unfinished_add = (None, batch)  # (a storage's snapshot runs code an interrupt can cut short)
+        if self._atomic_add is not None:  # a storage that writes the batch and clears the record in one step
+            slots = self._atomic_add(batch, self, "_unfinished_add")
+            if slots is not None:
+                return slots
         self._unfinished_add = (storage_snapshot(storage), batch)
         slots = storage.add(batch)
         self._unfinished_add = None

@@ -31,6 +31,7 @@ from ptl_rl import (
     TransitionBatch,
 )
 from ptl_rl.buffers import ArrayStorage, load_buffer, save_buffer
+from ptl_rl.buffers.frames import _frame_insert
 from ptl_rl.buffers.persist import MANIFEST, read_manifest
 
 STACK = 4
@@ -506,9 +507,13 @@ def test_wrong_n_step_against_a_numbered_upstream_is_refused():
         ReplayBuffer(Numbered(), 10, storage=functools.partial(FrameStorage, n_step=1))
 
 
+COMPILED = [False, pytest.param(True, marks=pytest.mark.skipif(_frame_insert is None, reason="not built"))]
+
+
 @pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])
 @pytest.mark.parametrize("n", [1, 3])
-def test_peeking_at_the_upstream_leaves_no_dead_slots(mode, n):
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_peeking_at_the_upstream_leaves_no_dead_slots(mode, n, compiled):
     """next() on the n-step stage between the buffer's pulls (a notebook peek) cuts the streams; stored rows stay.
 
     The transitions that waited for a later observation as next_obs when the
@@ -519,6 +524,7 @@ def test_peeking_at_the_upstream_leaves_no_dead_slots(mode, n):
     stream = NStepTransform(ExperienceSource(env, random_agent(3, 4), seed=3), n=n, gamma=0.9)
     storage = functools.partial(FrameStorage, stack_axis=0)
     buffer = ReplayBuffer(stream, 400, warmup=0, transitions_per_yield=1, seed=0, storage=storage)
+    buffer.storage.compiled = compiled  # the rows the compiled insert adds must be resolved at a cut as well
     rng = np.random.default_rng(n)
     peeks = 0
     for _ in range(120):

@@ -1,0 +1,298 @@
+"""FrameStorage's compiled insert against its Python path: bit-identical storages after every add.
+
+Two storages get the same batches, one with the compiled insert
+(``ptl_rl.buffers._frame_insert``) and one forced onto the Python path
+(``compiled = False``, what ``PTL_RL_PURE_PYTHON=1`` does for all). After every
+add every array (pool, frame references, per-env state, pending frames, the
+other fields) and every counter must be equal, and so must the sampled
+batches. Streams: random synthetic ones (hypothesis: stack depth, n-step,
+capacity and pool sizes that wrap and overflow, frames drawn from a small
+alphabet so that stacks repeat and episodes restart with equal frames,
+episode ends, rows of one env several times in a batch, envs missing from a
+batch, any order; checked, trusted and numbered-upstream trust), and the
+scripted envs of test_frame_storage in all three autoreset modes, through
+``NStepTransform`` and ``ReplayBuffer.add``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_frame_storage import check_against_reference, make_env, random_agent, recorders, reference
+
+from ptl_rl import ExperienceSource, FrameStorage, NStepTransform, ReplayBuffer, TransitionBatch
+from ptl_rl.buffers import frames as frames_module
+
+compiled = pytest.mark.skipif(
+    frames_module._frame_insert is None, reason="ptl_rl.buffers._frame_insert is not built (no C compiler?)"
+)
+
+
+def test_extension_is_built_in_ci():
+    """A compile that failed silently (setup.py builds the extension as optional) must not pass CI unseen."""
+    if frames_module._frame_insert is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI is set but ptl_rl.buffers._frame_insert was not built: see the pip install log")
+        pytest.skip("ptl_rl.buffers._frame_insert is not built: FrameStorage uses its Python path")
+    assert hasattr(frames_module._frame_insert, "Plan")
+
+
+class Numbered:
+    """An upstream stand-in whose ``stream_seq`` the test sets (a numbered upstream makes ``check=None`` trust)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.stream_seq = n, 0
+
+
+def snapshot_of(storage: FrameStorage) -> dict[str, object]:
+    out: dict[str, object] = {
+        "counters": (storage.cursor, storage.size, storage.total_added, storage.frames_written, storage._seen_seq),
+    }
+    if storage.pool is None:
+        return out
+    out.update(pool=storage.pool.copy(), obs_refs=storage._obs_refs.copy(), next_refs=storage._next_refs.copy())
+    out.update(state=storage._state.array.copy(), pending=storage._pending.copy())
+    for name, array in storage._fields.fields.items():
+        out[f"field.{name}"] = np.array(array, copy=True)
+    # what a cut resolves from: the newest batches' first transition number, env ids and next_obs frames
+    out["retained.first"] = tuple(first for first, _, _ in storage._retained)
+    for k, (_, env, next_frames) in enumerate(storage._retained):
+        out[f"retained.{k}.env"], out[f"retained.{k}.next"] = np.array(env), np.array(next_frames)
+    return out
+
+
+def assert_same(a: FrameStorage, b: FrameStorage, where: str) -> None:
+    sa, sb = snapshot_of(a), snapshot_of(b)
+    assert sa.keys() == sb.keys(), where
+    for key in sa:
+        if isinstance(sa[key], np.ndarray):
+            np.testing.assert_array_equal(sa[key], sb[key], err_msg=f"{where}: {key}")
+        else:
+            assert sa[key] == sb[key], f"{where}: {key}"
+
+
+def assert_same_samples(a: FrameStorage, b: FrameStorage) -> None:
+    every = np.arange(len(a))
+    ok = a.sampleable(every)
+    np.testing.assert_array_equal(ok, b.sampleable(every))
+    if ok.any():
+        mine, theirs = a.gather(every[ok]), b.gather(every[ok])
+        for name in theirs.keys():
+            np.testing.assert_array_equal(mine[name], theirs[name], err_msg=name)
+
+
+class Counting:
+    """Counts the adds the compiled insert took (not None) on a storage."""
+
+    def __init__(self, storage: FrameStorage) -> None:
+        self.taken = 0
+        inner = storage.try_atomic_add
+
+        def counted(*args):
+            out = inner(*args)
+            self.taken += out is not None
+            return out
+
+        storage.try_atomic_add = counted
+
+
+def synthetic_batches(seed: int, num_envs: int, stack: int, n: int, steps: int, p_end: float, alphabet: int, zero_pad):
+    """Stacked 1-step (n = 1: rows of any envs, an env possibly several times, any order) or n-step transitions."""
+    rng = np.random.default_rng(seed)
+    frame = (2, 3)
+
+    def new_frame():
+        return np.full(frame, rng.integers(0, alphabet), dtype=np.uint8) + np.arange(6, dtype=np.uint8).reshape(frame)
+
+    def fresh_stack():
+        first = new_frame()
+        pad = np.zeros_like(first) if zero_pad else first
+        return np.stack([pad] * (stack - 1) + [first])
+
+    stacks = [fresh_stack() for _ in range(num_envs)]
+
+    def step(env: int):
+        obs = stacks[env]
+        nxt = np.concatenate([obs[1:], new_frame()[None]])
+        end = rng.random() < p_end
+        trunc = end and rng.random() < 0.5
+        stacks[env] = fresh_stack() if end else nxt
+        return obs, nxt, end and not trunc, trunc
+
+    def batch_of(envs):
+        rows = [step(e) for e in envs]
+        return TransitionBatch(
+            obs=np.stack([r[0] for r in rows]),
+            action=rng.integers(0, 4, len(envs)),
+            reward=rng.standard_normal(len(envs)).astype(np.float32),
+            next_obs=np.stack([r[1] for r in rows]),
+            terminated=np.array([r[2] for r in rows]),
+            truncated=np.array([r[3] for r in rows]),
+            discount=np.full(len(envs), 0.9, np.float32),
+            env_id=np.asarray(envs, dtype=np.int64),
+        )
+
+    if n == 1:
+        out = []
+        for _ in range(steps):
+            kind = rng.integers(0, 4)
+            if kind < 2:  # a vector step: every env once, in order (the compiled insert's main case)
+                envs = list(range(num_envs))
+            elif kind == 2:  # some envs, any order
+                envs = list(rng.permutation(num_envs)[: rng.integers(1, num_envs + 1)])
+            else:  # an env several times (consecutive steps of it), interleaved with others
+                envs = sorted(rng.integers(0, num_envs, rng.integers(1, 2 * num_envs + 1)).tolist())
+                envs = [int(e) for e in rng.permutation(envs)] if rng.random() < 0.3 else envs
+            out.append(batch_of(envs))
+        return out
+
+    class Vector:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return batch_of(list(range(num_envs)))
+
+    nstep = NStepTransform(Vector(), n=n, gamma=0.9)
+    return [next(nstep) for _ in range(steps)]
+
+
+@compiled
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    num_envs=st.integers(1, 4),
+    stack=st.integers(2, 4),
+    n=st.sampled_from([1, 3]),
+    capacity=st.integers(3, 40),
+    extra=st.integers(0, 24),
+    p_end=st.sampled_from([0.0, 0.05, 0.3]),
+    alphabet=st.integers(1, 4),
+    zero_pad=st.booleans(),
+    check=st.sampled_from([False, True, None]),
+    cut_every=st.sampled_from([0, 7]),
+)
+def test_compiled_insert_equals_python_path(
+    seed, num_envs, stack, n, capacity, extra, p_end, alphabet, zero_pad, check, cut_every
+):
+    batches = synthetic_batches(seed, num_envs, stack, n, 40, p_end, alphabet, zero_pad)
+    make = functools.partial(FrameStorage, capacity, stack_axis=0, n_step=n, extra_frames=extra, check=check)
+    fast, pure = make(), make()
+    fast.compiled, pure.compiled = True, False  # (True also under PTL_RL_PURE_PYTHON=1: the module is built)
+    counting = Counting(fast)
+    upstreams = (Numbered(n), Numbered(n))
+    if check is None:  # trust from a numbered upstream (with cuts in its numbering)
+        fast.bind_upstream(upstreams[0])
+        pure.bind_upstream(upstreams[1])
+    for i, batch in enumerate(batches):
+        for up in upstreams:
+            up.stream_seq += 2 if cut_every and i % cut_every == cut_every - 1 else 1
+        outcomes = []
+        for storage in (fast, pure):
+            try:
+                outcomes.append(("slots", storage.add(batch).tolist()))
+            except ValueError as error:  # (frames too many for a tiny pool: both refuse alike)
+                outcomes.append(("error", str(error)))
+        assert outcomes[0] == outcomes[1], f"add {i}"
+        assert_same(fast, pure, f"add {i}")
+    assert_same_samples(fast, pure)
+    if extra >= 8 * stack and p_end == 0.0:
+        assert counting.taken > 0  # (the compiled insert did run in this example)
+
+
+@compiled
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("padding", ["reset", "zero"])
+def test_compiled_insert_through_a_buffer_equals_python_path_and_env_record(mode, n, padding):
+    """ExperienceSource -> NStepTransform -> ReplayBuffer.add (try_atomic_add, check=None trusted), wrapping."""
+    env = make_env(mode, padding)
+    stream = NStepTransform(ExperienceSource(env, random_agent(3, 5), seed=2), n=n, gamma=0.9)
+    recorded = []
+    for _ in range(70):
+        batch = next(stream)
+        recorded.append((batch, stream.stream_seq))
+    table = reference(recorders(env), n, False)
+    make = functools.partial(FrameStorage, stack_axis=0, extra_frames=300)
+    ups = (Numbered(n), Numbered(n))
+    fast_buffer = ReplayBuffer(ups[0], 23, seed=0, storage=make)
+    pure_buffer = ReplayBuffer(ups[1], 23, seed=0, storage=make)
+    fast_buffer.storage.compiled, pure_buffer.storage.compiled = True, False
+    counting = Counting(fast_buffer.storage)
+    fast_buffer._atomic_add = fast_buffer.storage.try_atomic_add  # (the buffer looked it up before it was counted)
+    for i, (batch, seq) in enumerate(recorded):
+        ups[0].stream_seq = ups[1].stream_seq = seq
+        np.testing.assert_array_equal(fast_buffer.add(batch), pure_buffer.add(batch))
+        assert_same(fast_buffer.storage, pure_buffer.storage, f"add {i}")
+    assert counting.taken > len(recorded) // 3
+    assert_same_samples(fast_buffer.storage, pure_buffer.storage)
+    for _ in range(3):
+        sampled = fast_buffer.sample(16)
+        np.testing.assert_array_equal(sampled["obs"], pure_buffer.sample(16)["obs"])
+        check_against_reference(sampled, table, False)
+
+
+@compiled
+def test_compiled_insert_is_left_for_layouts_it_does_not_cover():
+    """Stacks on the last axis, Dict observations, a cast dtype: the Python path, same result as before."""
+    rng = np.random.default_rng(0)
+    obs = rng.integers(0, 255, (2, 5, 5, 4), dtype=np.uint8)
+    batch = TransitionBatch(
+        obs=obs, next_obs=obs, action=np.zeros(2, np.int64), reward=np.zeros(2, np.float64),
+        terminated=np.zeros(2, bool), truncated=np.zeros(2, bool), env_id=np.arange(2),
+    )  # fmt: skip
+    last_axis = FrameStorage(10, stack_axis=-1, n_step=1, check=False)
+    last_axis.compiled = True
+    last_axis.add(batch)
+    assert last_axis.try_atomic_add(batch, last_axis, "_journal") is None and last_axis._plan is False
+    first_axis = FrameStorage(10, stack_axis=0, n_step=1, check=False)
+    first_axis.compiled = True
+    first_axis.add(batch)
+    assert first_axis.try_atomic_add(batch, first_axis, "_journal") is None  # float64 rewards stored as float32
+    assert first_axis.total_added == 2
+
+
+@compiled
+@pytest.mark.parametrize("check", [False, True])
+def test_long_batches_of_few_envs_wrap_alike(check):
+    """Batches of ~70 steps of 2 envs (an env many times: occurrence groups), wrapping a ring of 100."""
+    rng = np.random.default_rng(1)
+    make = functools.partial(FrameStorage, 100, stack_axis=0, n_step=1, extra_frames=500, check=check)
+    fast, pure = make(), make()
+    fast.compiled, pure.compiled = True, False
+    counting = Counting(fast)
+    stream = synthetic_batches(int(rng.integers(0, 1000)), 2, 3, 1, 400, 0.02, 3, False)
+    for i in range(0, len(stream) - 35, 35):  # 35 batches of 1-4 rows joined into one (~70 rows)
+        batch = TransitionBatch.concat(stream[i : i + 35])
+        order = np.argsort(batch["env_id"], kind="stable")  # every row of env 0, then env 1: time order per env
+        batch = batch.rows(order)
+        np.testing.assert_array_equal(fast.add(batch), pure.add(batch))
+        assert_same(fast, pure, f"batch at {i}")
+    assert counting.taken > 3
+    assert_same_samples(fast, pure)
+
+
+@compiled
+def test_a_storage_with_a_plan_copies_and_pickles():
+    """The compiled insert's plan (a C object holding the arrays) is dropped on copy and rebuilt by the next add."""
+    batches = synthetic_batches(2, 3, 4, 3, 30, 0.1, 3, False)
+    storage = FrameStorage(50, stack_axis=0, n_step=3, check=False)
+    storage.compiled = True
+    for batch in batches[:15]:
+        storage.add(batch)
+    assert storage._plan not in (None, False)
+    twin = pickle.loads(pickle.dumps(storage))
+    other = copy.deepcopy(storage)
+    for batch in batches[15:]:
+        for s in (storage, twin, other):
+            s.add(batch)
+    assert_same(twin, storage, "pickled")
+    assert_same(other, storage, "deep-copied")
+    assert twin._plan not in (None, False)
