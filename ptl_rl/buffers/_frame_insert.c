@@ -22,6 +22,7 @@ typedef struct {
     int held; /* how many of the five buffers above are held (acquired in that order) */
     Py_ssize_t nfields, fields_held;
     PyObject *names; /* tuple of the other fields' names (str) */
+    PyObject *batch_type, *array_type; /* TransitionBatch and numpy.ndarray: only exact instances are taken */
     Py_buffer *fields;
     Py_ssize_t row_bytes[64];
     Py_ssize_t env_k, terminated_k, truncated_k; /* indices of those fields in names */
@@ -30,6 +31,7 @@ typedef struct {
 } Plan;
 
 static PyObject *s_cursor, *s_size, *s_total_added, *s_frames_written, *s_retained, *s_seen_seq, *s_obs, *s_next_obs;
+static PyObject *s_fields, *s_journal, *s_numbered, *s_upstream, *s_check, *s_slot_numbers, *s_env_id;
 
 static void release_plan(Plan *p) {
     Py_buffer *own[5] = {&p->pool, &p->obs_refs, &p->next_refs, &p->state, &p->pending};
@@ -40,6 +42,8 @@ static void release_plan(Plan *p) {
     PyMem_Free(p->fields);
     p->fields = NULL;
     Py_CLEAR(p->names);
+    Py_CLEAR(p->batch_type);
+    Py_CLEAR(p->array_type);
 }
 
 static void Plan_dealloc(Plan *p) {
@@ -61,14 +65,18 @@ static int plan_error(const char *what) {
     return -1;
 }
 
-/* Plan(pool, obs_refs, next_refs, state, pending, names, fields) */
+/* Plan(pool, obs_refs, next_refs, state, pending, names, fields, batch_type, array_type) */
 static int Plan_init(Plan *p, PyObject *args, PyObject *kwds) {
-    PyObject *pool, *obs_refs, *next_refs, *state, *pending, *names, *fields;
+    PyObject *pool, *obs_refs, *next_refs, *state, *pending, *names, *fields, *batch_type, *array_type;
     if (kwds != NULL && PyDict_Size(kwds) > 0) return plan_error("takes positional arguments only");
-    if (!PyArg_ParseTuple(args, "OOOOOO!O!", &pool, &obs_refs, &next_refs, &state, &pending, &PyTuple_Type, &names,
-                          &PyTuple_Type, &fields))
+    if (!PyArg_ParseTuple(args, "OOOOOO!O!O!O!", &pool, &obs_refs, &next_refs, &state, &pending, &PyTuple_Type,
+                          &names, &PyTuple_Type, &fields, &PyType_Type, &batch_type, &PyType_Type, &array_type))
         return -1;
     release_plan(p);
+    Py_INCREF(batch_type);
+    p->batch_type = batch_type;
+    Py_INCREF(array_type);
+    p->array_type = array_type;
     PyObject *arrays[5] = {pool, obs_refs, next_refs, state, pending};
     Py_buffer *own[5] = {&p->pool, &p->obs_refs, &p->next_refs, &p->state, &p->pending};
     for (int i = 0; i < 5; i++) {
@@ -451,7 +459,104 @@ done:
     return result;
 }
 
+/* add(owner, record, storage, batch): Plan.step with what FrameStorage.try_atomic_add would pass, gathered here.
+ * -> what step returns; None (not covered: nothing changed); NotImplemented when the batch's stream number was
+ *    not noted at its pull and the storage has an upstream (the caller notes it, then calls again).
+ * Only reads before step: attribute lookups of plain instance attributes, so no Python code runs before the
+ * first write either (an upstream's stream_seq, which may be a property, is read by the caller). */
+static PyObject *Plan_add(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "add takes 4 arguments");
+        return NULL;
+    }
+    PyObject *owner = args[0], *record = args[1], *storage = args[2], *batch = args[3];
+    if ((PyObject *)Py_TYPE(batch) != p->batch_type) Py_RETURN_NONE;
+    PyObject *d = NULL, *journal = NULL, *numbered = NULL, *seen = NULL, *check = NULL, *fstore = NULL;
+    PyObject *cursor = NULL, *size = NULL, *total = NULL, *fw = NULL, *slot_numbers = NULL, *old = NULL;
+    PyObject *entry = NULL, *retained = NULL, *result = NULL;
+    PyObject *seq = NULL; /* borrowed */
+    if ((d = PyObject_GetAttr(batch, s_fields)) == NULL) goto done;
+    if (!PyDict_CheckExact(d)) goto none;
+    if ((journal = PyObject_GetAttr(storage, s_journal)) == NULL) goto done;
+    if (journal != Py_None && owner != storage) goto none; /* a cut-short add of the storage's own comes first */
+    if ((numbered = PyObject_GetAttr(storage, s_numbered)) == NULL) goto done;
+    if (!PyTuple_CheckExact(numbered)) goto none;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(numbered); i++) {
+        PyObject *pair = PyTuple_GET_ITEM(numbered, i);
+        if (PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 && PyTuple_GET_ITEM(pair, 0) == batch)
+            seq = PyTuple_GET_ITEM(pair, 1);
+    }
+    if (seq == NULL) {
+        PyObject *upstream = PyObject_GetAttr(storage, s_upstream);
+        if (upstream == NULL) goto done;
+        int none = upstream == Py_None;
+        Py_DECREF(upstream);
+        if (!none) {
+            result = Py_NotImplemented;
+            Py_INCREF(result);
+            goto done;
+        }
+        seq = Py_None; /* no upstream: not numbered */
+    }
+    if ((seen = PyObject_GetAttr(storage, s_seen_seq)) == NULL) goto done;
+    if (seq != Py_None) { /* a cut in the stream (or the batch again): the Python path resolves what waits */
+        if (!PyLong_CheckExact(seq) || !PyLong_CheckExact(seen)) goto none;
+        long long a = PyLong_AsLongLong(seq), b = PyLong_AsLongLong(seen);
+        if (PyErr_Occurred()) goto done;
+        if (a != b + 1) goto none;
+    }
+    if ((check = PyObject_GetAttr(storage, s_check)) == NULL) goto done;
+    int trusted;
+    if (check == Py_None)
+        trusted = seq != Py_None;
+    else if (check == Py_True || check == Py_False)
+        trusted = check == Py_False;
+    else
+        goto none;
+    if ((fstore = PyObject_GetAttr(storage, s_fields)) == NULL) goto done;
+    if ((cursor = PyObject_GetAttr(fstore, s_cursor)) == NULL || (size = PyObject_GetAttr(fstore, s_size)) == NULL ||
+        (total = PyObject_GetAttr(fstore, s_total_added)) == NULL ||
+        (slot_numbers = PyObject_GetAttr(fstore, s_slot_numbers)) == NULL ||
+        (fw = PyObject_GetAttr(storage, s_frames_written)) == NULL)
+        goto done;
+    /* the newest batches' own next_obs, which a cut resolves waiting transitions from (FrameStorage._retained) */
+    PyObject *env = PyDict_GetItemWithError(d, s_env_id), *nxt = PyDict_GetItemWithError(d, s_next_obs);
+    if (env == NULL || nxt == NULL) goto check_error;
+    if ((PyObject *)Py_TYPE(env) != p->array_type || (PyObject *)Py_TYPE(nxt) != p->array_type) goto none;
+    if ((old = PyObject_GetAttr(storage, s_retained)) == NULL) goto done;
+    if (!PyTuple_CheckExact(old)) goto none;
+    if ((entry = PyTuple_Pack(3, total, env, nxt)) == NULL) goto done;
+    Py_ssize_t have = PyTuple_GET_SIZE(old), keep = have < p->n - 1 ? have : p->n - 1;
+    if ((retained = PyTuple_New(keep + 1)) == NULL) goto done;
+    for (Py_ssize_t i = 0; i < keep; i++) {
+        PyObject *item = PyTuple_GET_ITEM(old, have - keep + i);
+        Py_INCREF(item);
+        PyTuple_SET_ITEM(retained, i, item);
+    }
+    Py_INCREF(entry);
+    PyTuple_SET_ITEM(retained, keep, entry);
+    {
+        PyObject *argv[13] = {owner,  record, storage, fstore, d,     retained,    seq,
+                              trusted ? Py_True : Py_False, cursor, size, total, fw, slot_numbers};
+        result = Plan_step(p, argv, 13);
+    }
+    goto done;
+check_error:
+    if (PyErr_Occurred()) goto done;
+none:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(d), Py_XDECREF(journal), Py_XDECREF(numbered), Py_XDECREF(seen), Py_XDECREF(check);
+    Py_XDECREF(fstore), Py_XDECREF(cursor), Py_XDECREF(size), Py_XDECREF(total), Py_XDECREF(fw);
+    Py_XDECREF(slot_numbers), Py_XDECREF(old), Py_XDECREF(entry), Py_XDECREF(retained);
+    return result;
+}
+
 static PyMethodDef Plan_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))Plan_add, METH_FASTCALL,
+     "add(owner, record, storage, batch) -> step(...) with the arguments FrameStorage.try_atomic_add would pass "
+     "(None: not covered; NotImplemented: note the batch's stream number, then call again)"},
     {"step", (PyCFunction)(void (*)(void))Plan_step, METH_FASTCALL,
      "step(owner, record, storage, fields_storage, batch_fields, retained, seq, trusted, cursor, size, total_added, "
      "frames_written, slot_numbers) -> the slots written (the first slot, an int, when the ring wraps), or None "
@@ -463,8 +568,8 @@ static PyTypeObject PlanType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ptl_rl.buffers._frame_insert.Plan",
     .tp_basicsize = sizeof(Plan),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Plan(pool, obs_refs, next_refs, state, pending, names, fields): a FrameStorage's arrays, held as "
-              "buffers, for its compiled insert",
+    .tp_doc = "Plan(pool, obs_refs, next_refs, state, pending, names, fields, batch_type, array_type): a "
+              "FrameStorage's arrays, held as buffers, for its compiled insert",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Plan_init,
     .tp_dealloc = (destructor)Plan_dealloc,
@@ -478,11 +583,13 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__frame_insert(void) {
     if (PyType_Ready(&PlanType) < 0) return NULL;
-    const char *names[] = {"cursor", "size", "total_added", "frames_written", "_retained", "_seen_seq", "obs",
-                           "next_obs"};
-    PyObject **slots[] = {&s_cursor, &s_size, &s_total_added, &s_frames_written,
-                          &s_retained, &s_seen_seq, &s_obs, &s_next_obs};
-    for (int i = 0; i < 8; i++)
+    const char *names[] = {"cursor",    "size",     "total_added", "frames_written", "_retained",     "_seen_seq",
+                           "obs",       "next_obs", "_fields",     "_journal",       "_numbered",     "_upstream",
+                           "check",     "_slot_numbers", "env_id"};
+    PyObject **slots[] = {&s_cursor,   &s_size,      &s_total_added, &s_frames_written, &s_retained,
+                          &s_seen_seq, &s_obs,       &s_next_obs,    &s_fields,         &s_journal,
+                          &s_numbered, &s_upstream,  &s_check,       &s_slot_numbers,   &s_env_id};
+    for (int i = 0; i < 15; i++)
         if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

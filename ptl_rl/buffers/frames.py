@@ -283,31 +283,14 @@ class FrameStorage:
             plan = self._plan = self._make_plan()
             if plan is None:
                 return None
-        if plan is False or type(batch) is not TransitionBatch:
+        if plan is False:
             return None
-        if self._journal is not None and owner is not self:  # a cut-short add of the storage's own comes first
-            return None
-        for noted, noted_seq in self._numbered:  # the number noted when the batch was pulled (note_stream_seq)
-            if noted is batch:
-                seq = noted_seq
-                break
-        else:
-            seq = getattr(self._upstream, "stream_seq", None)
-            self.note_stream_seq(batch, seq)
-        if seq is not None and (self._seen_seq is None or seq != self._seen_seq + 1):
-            return None  # a cut in the stream (or the batch again): the Python path resolves what waits
-        trusted = seq is not None if self.check is None else not self.check  # (the `trusted` property, inlined)
-        fields = self._fields
-        first_gen = fields.total_added
-        env = batch._fields["env_id"]
-        if type(env) is not np.ndarray or env.dtype != np.int64:
-            return None  # (a dtype to cast: the Python path)
-        # set by the same call as the counters: the newest batches' own next_obs, taken at a cut (_resolve_waiting)
-        retained = (*self._retained, (first_gen, env, batch._fields["next_obs"]))[-(self.n_step or 1) :]
-        slots = plan.step(
-            owner, record, self, fields, batch._fields, retained, seq, trusted,
-            fields.cursor, fields.size, first_gen, self.frames_written, fields._slot_numbers,
-        )  # fmt: skip
+        # the checks (batch type, journal, stream number and cut, trusted mode) and the add, in one compiled call;
+        # it also sets _retained, the newest batches' own next_obs that a cut resolves waiting rows from
+        slots = plan.add(owner, record, self, batch)
+        if slots is NotImplemented:  # not noted at a pull (a standalone add): the upstream's number now, then add
+            self._stream_seq(batch)
+            slots = plan.add(owner, record, self, batch)
         if type(slots) is int:  # the ring wrapped: the first slot (the batch is stored already)
             return np.arange(slots, slots + len(batch)) % self.capacity
         return slots
@@ -334,7 +317,7 @@ class FrameStorage:
         try:
             return _frame_insert.Plan(
                 self.pool, self._obs_refs, self._next_refs, self._state.array, self._pending, names,
-                tuple(fields[k] for k in names),
+                tuple(fields[k] for k in names), TransitionBatch, np.ndarray,
             )  # fmt: skip
         except (ValueError, TypeError, BufferError):  # an array the plan cannot hold: the Python path
             return False

@@ -96,7 +96,7 @@ def test_add_interrupted_at_every_line_is_redone(kind, n, check, compiled):
         twin.add(b)
     injector.run(lambda: twin.add(batches[target]))
     lines = injector.counts["frames"]
-    assert lines > 30 or (compiled and lines > 10)  # (compiled: the add's Python lines around the one C call)
+    assert lines > 30 or (compiled and lines >= 5)  # (compiled: the few Python lines around the one C call)
     for b in batches[target + 1 :]:
         twin.add(b)
     assert_exact(twin, table)
