@@ -296,3 +296,29 @@ def test_a_storage_with_a_plan_copies_and_pickles():
     assert_same(twin, storage, "pickled")
     assert_same(other, storage, "deep-copied")
     assert twin._plan not in (None, False)
+
+
+@compiled
+@pytest.mark.parametrize("check", [False, True])
+def test_arrays_read_in_place_or_exported_store_alike(check):
+    """Plain numpy arrays are read through their array head; arrays whose dtype is another object (unpickled,
+    as AsyncSource delivers them) are exported as buffers; strided fields go to the Python path: all store alike."""
+    batches = synthetic_batches(5, 3, 4, 3, 60, 0.1, 3, False)
+    make = functools.partial(FrameStorage, 40, stack_axis=0, n_step=3, extra_frames=200, check=check)
+    in_place, exported, strided, pure = make(), make(), make(), make()
+    for storage in (in_place, exported, strided):
+        storage.compiled = True
+    pure.compiled = False
+    counts = Counting(in_place), Counting(exported), Counting(strided)
+    for i, batch in enumerate(batches):
+        unpickled = pickle.loads(pickle.dumps(batch))
+        assert unpickled["action"].dtype is not batch["action"].dtype  # (else this tests nothing)
+        spread = TransitionBatch({k: v for k, v in batch.items()})
+        spread["reward"] = np.repeat(np.asarray(batch["reward"]), 2)[::2]  # equal values, not contiguous
+        for storage, b in ((in_place, batch), (exported, unpickled), (strided, spread), (pure, batch)):
+            storage.add(b)
+        for storage in (in_place, exported, strided):
+            assert_same(storage, pure, f"add {i}")
+    assert in_place._plan.views  # (the array-head layout matched this numpy's)
+    # (a one-row strided field is contiguous all the same: those adds stay compiled)
+    assert counts[0].taken > 10 and counts[1].taken > 10 and counts[2].taken < counts[0].taken // 2
