@@ -1051,5 +1051,7 @@ def redraw_unsampleable(
     raise ValueError(
         f"after {max_rounds} redraws some sampled transitions still wait for their next_obs or lost their frames: "
         "the buffer holds too few sampleable transitions. Raise warmup (so sampling starts once more than "
-        "num_envs * n_step transitions are stored) or FrameStorage's extra_frames"
+        "num_envs * n_step transitions are stored) or FrameStorage's extra_frames. If almost no stored "
+        "transition ever becomes sampleable, FrameStorage(n_step=...) may differ from the n of the "
+        "NStepTransform that feeds it (with check=False nothing compares them)"
     )
