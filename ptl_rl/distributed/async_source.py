@@ -451,11 +451,11 @@ class AsyncSource(RemoteEpisodes):
             raise
 
     def _receive(self) -> tuple:
-        if self._stashed is not None:  # read by _raise_if_dead from a collector that had exited
-            message, self._stashed = self._stashed, None
-            return message
         waited = 0.0
         while True:
+            if self._stashed is not None:  # read by _raise_if_dead from a collector that had exited
+                message, self._stashed = self._stashed, None
+                return message
             try:
                 message = self._data_q.get(timeout=_POLL_S)
                 self._first_batch_seen = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import _thread
 import functools
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -296,3 +297,37 @@ def test_a_factory_the_collector_cannot_import_is_refused_before_any_process_sta
     monkeypatch.setattr(sys.modules["__main__"], "scripted_collector", scripted_collector, raising=False)
     with pytest.raises(TypeError, match="defined in a notebook or an interactive session"):
         AsyncSource(notebook_fn)
+
+
+def test_a_message_read_from_an_exited_collector_is_delivered_first() -> None:
+    """The queue was empty, then the collector turned out dead but had sent its error just before: that error
+    (read aside while checking on the process) is what next() raises, not a generic "exited" message."""
+
+    class Queue:
+        def __init__(self) -> None:
+            self.replies = [queue.Empty(), ("error", "RuntimeError", "the env broke", "Traceback: env.step")]
+
+        def get(self, timeout: float = 0.0):
+            if not self.replies:
+                raise EOFError  # nothing more: the collector's end is closed
+            reply = self.replies.pop(0)
+            if isinstance(reply, BaseException):
+                raise reply
+            return reply
+
+    class Exited:
+        pid, exitcode = 12345, 1
+
+        def is_alive(self) -> bool:
+            return False
+
+        def join(self, timeout: float | None = None) -> None:
+            pass
+
+    source = AsyncSource(scripted_collector)
+    source._proc, source._data_q, source._stop = Exited(), Queue(), threading.Event()
+    try:
+        with pytest.raises(CollectorError, match="RuntimeError: the env broke"):
+            next(source)
+    finally:
+        source._proc = None  # (nothing real to stop)
