@@ -17,7 +17,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from collectors import ShiftPolicy, check_rows, concat_rows, scripted_collector
+from collectors import ShiftPolicy, check_rows, concat_rows, flood_collector, scripted_collector
 from paths import REPO, SUPPORT
 from scripted_env import obs_code
 
@@ -250,9 +250,13 @@ def test_collector_killed_in_the_middle_of_a_large_message_is_reported_not_waite
 
 
 def test_close_while_large_messages_are_in_flight_returns() -> None:
-    """close() drains the queue while the collector exits, maybe in the middle of a message: it must not hang."""
+    """close() drains the queue while the collector exits, maybe in the middle of a message: it must not hang.
+
+    The collector sends 8 MiB messages as fast as the pipe takes them, so it exits while its feeder thread is
+    writing one, and the learner, draining, is reading it (this hung for good when the learner kept its copy of
+    the write end)."""
     for _ in range(4):
-        source = AsyncSource(LARGE, steps_per_message=64, queue_size=4)
+        source = AsyncSource(flood_collector, steps_per_message=2, queue_size=4)
         next(source)
         pid = source.pid
         time.sleep(0.5)

@@ -138,6 +138,34 @@ def scripted_collector(
     return Collector(pipeline, policy)
 
 
+class _Repeat:
+    """A stage that hands out the same ready batch at every ``next()``: a collector as fast as its queue."""
+
+    def __init__(self, source: ExperienceSource, batch: Any) -> None:
+        self.upstream, self.batch = source, batch
+
+    def __iter__(self) -> _Repeat:
+        return self
+
+    def __next__(self) -> Any:
+        return self.batch
+
+
+def flood_collector(info: WorkerInfo, *, rows: int = 64, row_bytes: int = 65_536) -> Collector:
+    """Sends ``rows`` rows of ``row_bytes`` each (4 MiB by default) per batch, with no env work in between."""
+    from ptl_rl import TransitionBatch  # noqa: PLC0415
+
+    env = gym.vector.SyncVectorEnv([functools.partial(CodeRewardEnv, 0, layouts_for(1)[0])])
+    source = ExperienceSource(env, lambda obs: np.zeros(len(obs), np.int64), rank=info.rank)
+    obs = np.zeros((rows, row_bytes), np.uint8)
+    batch = TransitionBatch(
+        obs=obs, action=np.zeros(rows, np.int64), reward=np.zeros(rows, np.float32), next_obs=obs,
+        terminated=np.zeros(rows, bool), truncated=np.zeros(rows, bool), discount=np.ones(rows, np.float32),
+        env_id=np.full(rows, info.rank, np.int64), policy_version=np.zeros(rows, np.int64),
+    )  # fmt: skip
+    return Collector(_Repeat(source, batch), None)
+
+
 def check_rows(rows: dict[str, Any], *, num_envs: int = 3, n: int = 3, gamma: float = 0.9) -> None:
     """Assert that every row is a true n-step transition of its env, by brute force from the observation codes.
 
