@@ -56,6 +56,11 @@ _PUBLIC_API: dict[str, str] = {
     "RLDataModule": "ptl_rl.lightning",
     "to_dataloader": "ptl_rl.lightning",
     "NStepTransform": "ptl_rl.nstep",
+    "NormalizeObservations": "ptl_rl.normalization",
+    "NormalizeSampledObservations": "ptl_rl.normalization",
+    "NormalizedAgent": "ptl_rl.normalization",
+    "ObservationNormalizer": "ptl_rl.normalization",
+    "ScaleRewards": "ptl_rl.normalization",
     "MinariRecorder": "ptl_rl.offline",
     "MinariSource": "ptl_rl.offline",
     "minari_replay_buffer": "ptl_rl.offline",
@@ -101,6 +106,10 @@ __all__ = [
     "MinariRecorder",
     "MinariSource",
     "NStepTransform",
+    "NormalizeObservations",
+    "NormalizeSampledObservations",
+    "NormalizedAgent",
+    "ObservationNormalizer",
     "PeriodicEvaluation",
     "PipelineCheckpoint",
     "PipelineDataset",
@@ -112,6 +121,7 @@ __all__ = [
     "RLDataModule",
     "ReplayBuffer",
     "RolloutBuffer",
+    "ScaleRewards",
     "SequenceReplayBuffer",
     "StochasticPolicyAgent",
     "SumTree",
@@ -170,6 +180,13 @@ if TYPE_CHECKING:
         PipelineLoader,
         RLDataModule,
         to_dataloader,
+    )
+    from ptl_rl.normalization import (
+        NormalizedAgent,
+        NormalizeObservations,
+        NormalizeSampledObservations,
+        ObservationNormalizer,
+        ScaleRewards,
     )
     from ptl_rl.nstep import NStepTransform
     from ptl_rl.offline import MinariRecorder, MinariSource, minari_replay_buffer, open_minari_dataset

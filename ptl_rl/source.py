@@ -144,6 +144,10 @@ class ExperienceSource:
             present: ``agent.reset_state(mask: bool[N])`` is called before the
             agent first sees a new episode's observation (recurrent state), and
             ``agent.on_env_steps(total_steps: int)`` after each step (schedules).
+            The attribute :attr:`observation_transform` (``None`` by default)
+            maps the observations before the agent sees them; yielded
+            batches keep the env's own (a stage such as
+            :class:`~ptl_rl.normalization.NormalizeObservations` sets it).
         gamma: the ``discount`` of the 1-step transitions this source yields
             (an :class:`~ptl_rl.nstep.NStepTransform` downstream recomputes it).
         seed: sub-env ``i`` is reset with seed ``seed + rank * N + i`` at the
@@ -244,6 +248,9 @@ class ExperienceSource:
         self._copy_obs = self.is_vector and not getattr(env, "copy", True) and not self._cast_float64
         action_shape = getattr(self.action_space, "shape", None)
         self._action_batch_shape = (self.num_envs, *action_shape) if action_shape is not None else None
+        # what the agent is shown instead of the env's observations (NormalizeObservations sets it); batches keep
+        # the env's own: a stage downstream decides what it yields
+        self.observation_transform: Callable[[Any], Any] | None = None
         self._agent_reset_state = getattr(agent, "reset_state", None)
         self._agent_on_env_steps = getattr(agent, "on_env_steps", None)
 
@@ -440,12 +447,13 @@ class ExperienceSource:
     def _act(self) -> tuple[np.ndarray, dict[str, Any]]:
         if self._agent_reset_state is not None and np.count_nonzero(self._fresh):
             self._agent_reset_state(self._fresh.copy())
+        obs = self._obs if self.observation_transform is None else self.observation_transform(self._obs)
         if SWITCH.on:
             start = perf_counter_ns()
-            out = self.agent(self._obs)
+            out = self.agent(obs)
             self._agent_clock.add(perf_counter_ns() - start, self.num_envs)
         else:
-            out = self.agent(self._obs)
+            out = self.agent(obs)
         actions, extras = out if isinstance(out, tuple) else (out, None)
         if not isinstance(actions, np.ndarray):
             actions = to_numpy(actions)

@@ -1,0 +1,508 @@
+"""Observation normalization and reward scaling as pipeline stages, for continuous control (PPO on MuJoCo).
+
+    ExperienceSource -> NormalizeObservations -> ScaleRewards -> RolloutBuffer / NStepTransform -> ...
+
+Gymnasium's ``NormalizeObservation``/``NormalizeReward`` wrappers keep their
+statistics inside the env: out of checkpoints, away from the evaluation env,
+unmerged across DDP ranks. Here the statistics belong to the pipeline:
+
+* :class:`ObservationNormalizer` holds the running mean and variance of the
+  observations and applies ``clip((x - mean) / sqrt(var + epsilon))``. It
+  never updates itself when applied, so evaluation (``normalizer.wrap_agent``)
+  is frozen by construction.
+* :class:`NormalizeObservations` is the stage that updates it, from collected
+  rows only. It shows the agent normalized observations (through the source's
+  ``observation_transform``) and yields batches whose ``obs`` is exactly what
+  the agent saw; ``next_obs`` is normalized with the statistics that include
+  ``obs``, so ``next_obs`` of step t equals ``obs`` of step t+1 as the agent
+  sees it. With ``output="raw"`` it yields the env's observations unchanged,
+  for a replay buffer that stores raw rows and normalizes each sample with the
+  statistics of the moment (:class:`NormalizeSampledObservations`).
+* :class:`ScaleRewards` divides each reward by the running standard deviation
+  of its env's discounted return (SB3's ``VecNormalize``, CleanRL's MuJoCo
+  detail), the return restarting at ``terminated`` and at ``truncated``.
+
+Both stages keep their statistics in :func:`~ptl_rl.stages.pipeline_state_dict`
+(so in :class:`~ptl_rl.lightning.PipelineCheckpoint`), commit each step in one
+statement (an interrupt leaves them as before or as after), and treat a gap in
+the upstream's ``stream_seq`` (a peek, a source reset) as the start of new
+episodes. Under DDP, :class:`NormalizationSync` merges every rank's statistics
+(see :mod:`ptl_rl.running_stats`). The decisions are in
+``docs/design/normalization.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from ptl_rl.batch import TorchBatch, TransitionBatch
+from ptl_rl.reprs import stage_repr
+from ptl_rl.running_stats import Moments, RunningStatistics
+from ptl_rl.stages import pipeline_stages
+from ptl_rl.state import check_version, versioned
+
+_OUTPUTS = ("normalized", "raw")
+
+
+class ObservationNormalizer:
+    """Running mean and variance of observations, and the transform that applies them.
+
+    Args:
+        clip: normalized values are clipped to ``[-clip, clip]``; ``None``: no clipping.
+        epsilon: added to the variance before the square root.
+
+    Calling it maps observations ``[B, *obs_shape]`` (a numpy array or a tensor,
+    any numeric dtype) to float32 (numpy) or the tensor's float dtype:
+    ``clip((obs - mean) / sqrt(var + epsilon), -clip, clip)``. Before any
+    observation was seen the mean is 0 and the variance 1. Calling never
+    updates the statistics: only :meth:`update` (and the
+    :class:`NormalizeObservations` stage, through it) does, and not while
+    :attr:`frozen` is set.
+
+    Examples:
+        >>> import numpy as np
+        >>> import ptl_rl
+        >>> norm = ptl_rl.ObservationNormalizer(clip=5.0)
+        >>> norm.update(np.array([[0.0, 10.0], [2.0, 30.0]]))
+        >>> norm.mean, norm.var
+        (array([ 1., 20.]), array([  1., 100.]))
+        >>> norm(np.array([[1.0, 40.0]]))  # (x - mean) / std
+        array([[0., 2.]], dtype=float32)
+    """
+
+    def __init__(self, clip: float | None = 10.0, epsilon: float = 1e-8) -> None:
+        if clip is not None and not clip > 0:
+            raise ValueError(f"clip must be > 0 or None, got {clip}")
+        if not epsilon >= 0:
+            raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+        self.clip = None if clip is None else float(clip)
+        self.epsilon = float(epsilon)
+        self.frozen = False
+        self.statistics = RunningStatistics()
+        self._cached: tuple[Moments | None, np.ndarray, np.ndarray] | None = None  # (moments, shift, scale)
+        self._torch_cache: dict[
+            tuple[torch.dtype, torch.device], tuple[Moments | None, torch.Tensor, torch.Tensor]
+        ] = {}
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def count(self) -> int:
+        """Observations the statistics hold (every rank's as of the last sync, plus this process's since)."""
+        moments = self.statistics.moments
+        return 0 if moments is None else moments.count
+
+    @property
+    def mean(self) -> np.ndarray | None:
+        """float64 ``[*obs_shape]``; ``None`` before the first observation."""
+        moments = self.statistics.moments
+        return None if moments is None else moments.mean
+
+    @property
+    def var(self) -> np.ndarray | None:
+        """float64 ``[*obs_shape]`` (population variance); ``None`` before the first observation."""
+        moments = self.statistics.moments
+        return None if moments is None else moments.var
+
+    def _shift_scale(self, moments: Moments | None) -> tuple[np.ndarray, np.ndarray]:
+        cached = self._cached
+        if cached is not None and cached[0] is moments:
+            return cached[1], cached[2]
+        if moments is None:
+            shift, scale = np.zeros((), np.float32), np.full((), 1.0 / np.sqrt(1.0 + self.epsilon), np.float32)
+        else:
+            shift = moments.mean.astype(np.float32)
+            scale = (1.0 / np.sqrt(moments.var + self.epsilon)).astype(np.float32)
+        self._cached = (moments, shift, scale)
+        return shift, scale
+
+    def normalize(self, obs: Any) -> Any:
+        """``obs`` ``[B, *obs_shape]`` normalized with the current statistics."""
+        return self.normalize_with(obs, self.statistics.moments)
+
+    def normalize_with(self, obs: Any, moments: Moments | None) -> Any:
+        """``obs`` ``[B, *obs_shape]`` normalized with ``moments`` (``None``: nothing seen, mean 0 and variance 1)."""
+        if isinstance(obs, torch.Tensor):
+            return self._normalize_tensor(obs, moments)
+        if isinstance(obs, Mapping):
+            raise TypeError(
+                "ObservationNormalizer normalizes array observations; for a Dict observation space normalize "
+                "the Box entries with a FlattenObservation wrapper first, or leave this observation unnormalized"
+            )
+        shift, scale = self._shift_scale(moments)
+        out = (np.asarray(obs, dtype=np.float32) - shift) * scale
+        if self.clip is not None:
+            np.clip(out, -self.clip, self.clip, out=out)
+        return out
+
+    def _normalize_tensor(self, obs: torch.Tensor, moments: Moments | None) -> torch.Tensor:
+        dtype = obs.dtype if obs.is_floating_point() else torch.float32
+        key = (dtype, obs.device)
+        cached = self._torch_cache.get(key)
+        if cached is None or cached[0] is not moments:
+            shift, scale = self._shift_scale(moments)
+            cached = (moments, torch.as_tensor(shift, dtype=dtype, device=obs.device),
+                      torch.as_tensor(scale, dtype=dtype, device=obs.device))  # fmt: skip
+            self._torch_cache[key] = cached
+        out = (obs.to(dtype) - cached[1]) * cached[2]
+        return out if self.clip is None else out.clamp_(-self.clip, self.clip)
+
+    def __call__(self, obs: Any) -> Any:
+        return self.normalize(obs)
+
+    # ------------------------------------------------------------------ updating
+    def update(self, obs: np.ndarray) -> None:
+        """Add observations ``[B, *obs_shape]`` to the statistics (nothing while :attr:`frozen`)."""
+        if not self.frozen:
+            self.statistics.add(_as_rows(obs))
+
+    def sync(self) -> bool:
+        """Merge the statistics of every DDP rank (a collective call; see :meth:`RunningStatistics.sync`)."""
+        return self.statistics.sync()
+
+    def wrap_agent(self, agent: Callable[[Any], Any]) -> NormalizedAgent:
+        """``agent`` acting on observations normalized with these statistics, for evaluation envs (frozen)."""
+        return NormalizedAgent(agent, self)
+
+    # ------------------------------------------------------------------ state
+    STATE_VERSION = 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """Statistics, clip, epsilon and frozen flag (tensors and plain values, ``weights_only``-safe)."""
+        return versioned(
+            {"statistics": self.statistics.state_dict(), "clip": self.clip, "epsilon": self.epsilon,
+             "frozen": self.frozen},
+            self.STATE_VERSION,
+        )  # fmt: skip
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        check_version(state, self.STATE_VERSION, type(self).__name__)
+        self.statistics.load_state_dict(state["statistics"])
+        self.clip = None if state["clip"] is None else float(state["clip"])
+        self.epsilon = float(state["epsilon"])
+        self.frozen = bool(state["frozen"])
+
+    def __repr__(self) -> str:
+        return f"ObservationNormalizer(count={self.count}, clip={self.clip}, frozen={self.frozen})"
+
+
+def _as_rows(obs: Any) -> np.ndarray:
+    if isinstance(obs, Mapping):
+        raise TypeError(
+            "ObservationNormalizer normalizes array observations; for a Dict observation space normalize the Box "
+            "entries with a FlattenObservation wrapper first, or leave this observation unnormalized"
+        )
+    rows = np.asarray(obs)
+    if rows.ndim == 0 or rows.dtype.kind not in "biuf":
+        raise TypeError(
+            f"observations to normalize must be a numeric array [B, *obs_shape], got {rows.dtype} {rows.shape}"
+        )
+    return rows
+
+
+class NormalizedAgent:
+    """An agent that acts on observations normalized by an :class:`ObservationNormalizer` (which it never updates).
+
+    Every other attribute (``reset_state``, ``value``, ``set_rank``, ...) is the wrapped agent's.
+    """
+
+    def __init__(self, agent: Callable[[Any], Any], normalizer: ObservationNormalizer) -> None:
+        self.agent = agent
+        self.normalizer = normalizer
+
+    def __call__(self, obs: Any) -> Any:
+        return self.agent(self.normalizer(obs))
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("agent", "normalizer"):  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.agent, name)
+
+
+def _check_per_step_upstream(upstream: Any, stage: str) -> None:
+    if not getattr(upstream, "one_row_per_env", False):
+        raise ValueError(
+            f"{stage} must see one step of each env per batch, in order: put it right after the ExperienceSource "
+            f"(before NStepTransform and any buffer), not after {type(upstream).__name__}"
+        )
+
+
+def _find_source_with_hook(upstream: Any) -> Any:
+    """The nearest stage upstream with an ``observation_transform`` hook (a source), through per-step stages."""
+    for stage in reversed(pipeline_stages(upstream)):
+        if hasattr(stage, "observation_transform"):
+            return stage
+        if not getattr(stage, "one_row_per_env", False):
+            break
+    raise ValueError(
+        "NormalizeObservations must follow an ExperienceSource (directly, or through other per-step stages such "
+        f"as ScaleRewards) so that the agent acts on normalized observations; got {type(upstream).__name__}"
+    )
+
+
+class _PerStepStage:
+    """What both normalization stages share: pass-through attributes, stream numbering, cuts."""
+
+    one_row_per_env = True
+
+    def __init__(self, upstream: Iterator[TransitionBatch]) -> None:
+        self.upstream = upstream
+        self.stream_seq = 0  # number of the last batch yielded; skips one where the env streams were cut
+        self._upstream_seq: int | None = None
+        self._in_next = False  # set while __next__ runs: still set on entry means the last call was interrupted
+
+    @property
+    def num_envs(self) -> int | None:
+        return getattr(self.upstream, "num_envs", None)
+
+    @property
+    def env(self) -> Any:
+        return getattr(self.upstream, "env", None)
+
+    def __iter__(self) -> Any:
+        return self
+
+    def __next__(self) -> TransitionBatch:
+        cut = self._in_next
+        self._in_next = True
+        batch = next(self.upstream)
+        seq = getattr(self.upstream, "stream_seq", None)
+        gap = seq is not None and self._upstream_seq is not None and seq != self._upstream_seq + 1
+        out = self._transform(batch, cut or gap)
+        self._upstream_seq = seq
+        self.stream_seq += 2 if (cut or gap) else 1
+        self._in_next = False
+        return out
+
+    def _transform(self, batch: TransitionBatch, cut: bool) -> TransitionBatch:
+        raise NotImplementedError
+
+
+class NormalizeObservations(_PerStepStage):
+    """Normalizes observations with running statistics of the collected ones; the agent acts on them too.
+
+    Args:
+        upstream: an :class:`~ptl_rl.source.ExperienceSource` (or per-step
+            stages after one, such as :class:`ScaleRewards`).
+        normalizer: the statistics to update and apply (default: a new
+            :class:`ObservationNormalizer` with ``clip`` and ``epsilon``).
+            Share it with :class:`NormalizeSampledObservations` and with
+            ``normalizer.wrap_agent(...)`` for evaluation.
+        output: ``"normalized"`` (default): yielded ``obs``/``next_obs`` are
+            normalized, float32 ``[B, *obs_shape]``, ``obs`` bit-identical to
+            what the agent acted on. Use it for on-policy rollouts, whose stored
+            ``log_prob`` must match the stored ``obs``. ``"raw"``: yield the
+            env's observations; for replay that normalizes at sampling time.
+        clip, epsilon: for the default normalizer.
+
+    Per batch, in one commit: ``obs`` is normalized with the statistics the
+    agent used, the statistics take in the batch's ``obs`` rows (each
+    observation a transition starts from, once; never a final observation
+    alone, never evaluation data), and ``next_obs`` is normalized with the
+    updated statistics, which are those the agent uses at the next step.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import numpy as np
+        >>> import ptl_rl
+        >>> env = gym.make_vec("Pendulum-v1", num_envs=2, vectorization_mode="sync")
+        >>> seen = []
+        >>> def agent(obs):  # records what it is shown
+        ...     seen.append(obs.copy())
+        ...     return np.zeros((len(obs), 1), dtype=np.float32)
+        >>> source = ptl_rl.ExperienceSource(env, agent, seed=0)
+        >>> norm = ptl_rl.NormalizeObservations(source)
+        >>> batches = [next(norm) for _ in range(3)]
+        >>> bool((batches[2].obs == seen[2]).all()), bool((batches[1].next_obs == batches[2].obs).all())
+        (True, True)
+        >>> norm.normalizer.count  # the obs rows of 3 steps of 2 envs
+        6
+    """
+
+    def __init__(
+        self,
+        upstream: Iterator[TransitionBatch],
+        normalizer: ObservationNormalizer | None = None,
+        *,
+        output: str = "normalized",
+        clip: float | None = 10.0,
+        epsilon: float = 1e-8,
+    ) -> None:
+        if output not in _OUTPUTS:
+            raise ValueError(f"output must be one of {_OUTPUTS}, got {output!r}")
+        _check_per_step_upstream(upstream, type(self).__name__)
+        source = _find_source_with_hook(upstream)
+        if source.observation_transform is not None:
+            raise ValueError(
+                f"{type(source).__name__} already shows its agent transformed observations "
+                f"({source.observation_transform!r}); chain one NormalizeObservations per source"
+            )
+        super().__init__(upstream)
+        self.normalizer = normalizer if normalizer is not None else ObservationNormalizer(clip, epsilon)
+        self.output = output
+        source.observation_transform = self.normalizer
+
+    def _transform(self, batch: TransitionBatch, cut: bool) -> TransitionBatch:
+        norm = self.normalizer
+        before = norm.statistics.moments
+        if norm.frozen or not len(batch):
+            update = None
+            after = before
+        else:
+            update = norm.statistics.with_rows(_as_rows(batch.obs))
+            after = update[1]
+        if self.output == "normalized":
+            fields = dict(batch.items())
+            fields["obs"] = norm.normalize_with(batch.obs, before)
+            fields["next_obs"] = norm.normalize_with(batch.next_obs, after)
+            batch = TransitionBatch.wrap(fields)
+        if update is not None:
+            norm.statistics.commit(*update)  # the step's one change of state
+        return batch
+
+    STATE_VERSION = 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return versioned({"normalizer": self.normalizer.state_dict()}, self.STATE_VERSION)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        check_version(state, self.STATE_VERSION, type(self).__name__)
+        self.normalizer.load_state_dict(state["normalizer"])
+        self._upstream_seq = None  # the source restarts its episodes after a restore
+
+    def __repr__(self) -> str:
+        return stage_repr(self, output=self.output, count=self.normalizer.count, frozen=self.normalizer.frozen)
+
+
+class ScaleRewards(_PerStepStage):
+    """Divides rewards by the running standard deviation of the discounted return (clipped).
+
+    Args:
+        upstream: an ExperienceSource or another per-step stage (one row per env per batch).
+        gamma: discount of the return whose spread is tracked (the learner's gamma).
+        clip: scaled rewards are clipped to ``[-clip, clip]``; ``None``: no clipping.
+        epsilon: added to the variance before the square root.
+
+    Per env ``i`` the stage keeps ``G_i = gamma * G_i + r`` over its rows in
+    order, restarting at 0 after a row with ``terminated`` or ``truncated``
+    (and for every env after a cut in the stream: the source restarted its
+    episodes). The statistics take in each ``G`` of the batch, then each reward
+    becomes ``r / sqrt(var(G) + epsilon)``, float32 [B]. Only ``reward``
+    changes; episode returns logged from the source stay the env's own.
+    """
+
+    def __init__(
+        self,
+        upstream: Iterator[TransitionBatch],
+        gamma: float = 0.99,
+        *,
+        clip: float | None = 10.0,
+        epsilon: float = 1e-8,
+    ) -> None:
+        if not 0.0 < gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+        if clip is not None and not clip > 0:
+            raise ValueError(f"clip must be > 0 or None, got {clip}")
+        _check_per_step_upstream(upstream, type(self).__name__)
+        super().__init__(upstream)
+        self.gamma = float(gamma)
+        self.clip = None if clip is None else float(clip)
+        self.epsilon = float(epsilon)
+        self.frozen = False
+        self.statistics = RunningStatistics()
+        self._env_ids = np.zeros(0, np.int64)  # sorted env_ids seen so far
+        self._returns = np.zeros(0, np.float64)  # G of each, aligned with _env_ids
+
+    @property
+    def var(self) -> float:
+        """Variance of the discounted returns seen (1.0 before the first)."""
+        moments = self.statistics.moments
+        return 1.0 if moments is None else float(moments.var)
+
+    def _slots(self, env_id: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(env_ids, returns, positions)``: the arrays to use (grown by new env ids) and each row's position."""
+        ids, returns = self._env_ids, self._returns
+        pos = np.searchsorted(ids, env_id)
+        if len(ids) == 0 or (pos >= len(ids)).any() or (ids[np.minimum(pos, len(ids) - 1)] != env_id).any():
+            ids = np.union1d(ids, env_id)
+            grown = np.zeros(len(ids), np.float64)
+            grown[np.searchsorted(ids, self._env_ids)] = returns
+            returns = grown
+            pos = np.searchsorted(ids, env_id)
+        return ids, returns, pos
+
+    def _transform(self, batch: TransitionBatch, cut: bool) -> TransitionBatch:
+        if not len(batch):
+            return batch
+        ids, returns, pos = self._slots(np.asarray(batch.env_id))
+        returns = np.zeros_like(returns) if cut else returns.copy()
+        g = returns[pos] * self.gamma + batch.reward
+        update = None if self.frozen else self.statistics.with_rows(g)
+        moments = self.statistics.moments if update is None else update[1]
+        var = 1.0 if moments is None else float(moments.var)
+        scaled = (np.asarray(batch.reward, np.float64) / np.sqrt(var + self.epsilon)).astype(np.float32)
+        if self.clip is not None:
+            np.clip(scaled, -self.clip, self.clip, out=scaled)
+        returns[pos] = np.where(batch.terminated | batch.truncated, 0.0, g)
+        fields = dict(batch.items())
+        fields["reward"] = scaled
+        if update is not None:
+            self.statistics.commit(*update)
+        self._env_ids, self._returns = ids, returns  # one statement: the returns move with the statistics
+        return TransitionBatch.wrap(fields)
+
+    def sync(self) -> bool:
+        """Merge the return statistics of every DDP rank (collective; see :class:`NormalizationSync`)."""
+        return self.statistics.sync()
+
+    STATE_VERSION = 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """The return statistics; the returns in flight are not saved (episodes restart after a restore)."""
+        return versioned({"statistics": self.statistics.state_dict(), "frozen": self.frozen}, self.STATE_VERSION)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        check_version(state, self.STATE_VERSION, type(self).__name__)
+        self.statistics.load_state_dict(state["statistics"])
+        self.frozen = bool(state["frozen"])
+        self._returns = np.zeros_like(self._returns)
+        self._upstream_seq = None
+
+    def __repr__(self) -> str:
+        return stage_repr(self, gamma=self.gamma, count=(self.statistics.moments or Moments.empty()).count)
+
+
+class NormalizeSampledObservations:
+    """Normalizes ``obs``/``next_obs`` of each sampled batch with the statistics of the moment.
+
+    For replay: collect with ``NormalizeObservations(source, norm, output="raw")``
+    (the agent acts on normalized observations, the buffer stores the env's),
+    then ``NormalizeSampledObservations(sampler, norm)``: every batch is
+    normalized with the statistics at sampling time, never stale ones.
+
+    Args:
+        upstream: a :class:`~ptl_rl.sampler.BatchSampler` (yields :class:`TorchBatch`).
+        normalizer: the :class:`ObservationNormalizer` the collecting stage updates.
+    """
+
+    def __init__(self, upstream: Iterator[TorchBatch], normalizer: ObservationNormalizer) -> None:
+        if not isinstance(normalizer, ObservationNormalizer):
+            raise TypeError(f"normalizer must be an ObservationNormalizer, got {type(normalizer).__name__}")
+        self.upstream = upstream
+        self.normalizer = normalizer
+
+    def __iter__(self) -> NormalizeSampledObservations:
+        return self
+
+    def __next__(self) -> TorchBatch:
+        batch = next(self.upstream)
+        moments = self.normalizer.statistics.moments  # one set of statistics for obs and next_obs
+        batch["obs"] = self.normalizer.normalize_with(batch["obs"], moments)
+        batch["next_obs"] = self.normalizer.normalize_with(batch["next_obs"], moments)
+        return batch
+
+    def __repr__(self) -> str:
+        return stage_repr(self, count=self.normalizer.count)
