@@ -8,7 +8,10 @@ Read it top to bottom, CleanRL style:
    ``ptl_rl.examples.cli``, parsed before torch is imported); the defaults solve CartPole-v1
    (they follow rl-baselines3-zoo's tuned PPO for it). Box action spaces work
    too (a diagonal Gaussian policy, or with ``--squashed`` a tanh-squashed
-   one), e.g. ``--env-id Pendulum-v1``.
+   one), e.g. ``--env-id Pendulum-v1``. For gymnasium's MuJoCo envs the
+   defaults are CleanRL's ``ppo_continuous_action.py`` recipe plus observation
+   and reward normalization (``MUJOCO_RECIPE``, ``--recipe``):
+   ``python -m ptl_rl.examples.ppo --env-id Hopper-v5 --env-steps 1000000``.
 2. ``actor_critic``: separate MLPs for the policy and the value, ending in the
    ``ptl_rl.action_head`` that fits the action space.
 3. ``PPO``: the LightningModule. ``training_step`` gets a ``ptl_rl.TorchBatch``
@@ -17,9 +20,11 @@ Read it top to bottom, CleanRL style:
    clipped-surrogate step. One Lightning epoch is one rollout: the
    ``RolloutBuffer`` yields ``--update-epochs x --num-minibatches`` minibatches
    of it, then collects the next rollout with the updated weights. The
-   learning rate and the clip range anneal linearly per rollout.
+   learning rate (and, with ``--anneal-clip``, the clip range) anneal linearly
+   per rollout.
 4. ``train``: builds the vector env, the ``ActorCriticAgent`` and the pipeline
-   ``ExperienceSource -> RolloutBuffer``, and hands them to
+   ``ExperienceSource [-> NormalizeObservations -> ScaleRewards] -> RolloutBuffer``
+   and hands them to
    ``ptl_rl.examples.harness.run``: greedy evaluations every ``--eval-every`` env
    steps (stopping once ``--solved-return`` is reached and confirmed on fresh
    episodes), the final evaluation on fresh episodes and the run directory.
@@ -31,26 +36,62 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gymnasium import spaces
+from gymnasium import registry, spaces
 
 from ptl_rl.examples import cli
 
-
 # ---------------------------------------------------------------------------- arguments
+#: CleanRL's ppo_continuous_action.py (its MuJoCo recipe), plus this library's normalization stages: the defaults
+#: for MuJoCo envs (--recipe auto), or for any env with --recipe mujoco. An explicit flag still wins.
+MUJOCO_RECIPE: dict[str, Any] = {
+    "num_envs": 1, "steps_per_env": 2048, "update_epochs": 10, "num_minibatches": 32, "lr": 3e-4,
+    "anneal": True, "anneal_clip": False, "gamma": 0.99, "gae_lambda": 0.95, "clip_coef": 0.2, "ent_coef": 0.0,
+    # CleanRL halves its clipped value loss: 0.5 * 0.5 on the squared error
+    "vf_coef": 0.25, "clip_vloss": True, "grad_clip": 0.5, "norm_adv": "minibatch", "hidden": 64,
+    "norm_obs": True, "norm_reward": True, "obs_clip": 10.0, "reward_clip": 10.0,
+    # 1M steps of 1000-step episodes: periodic greedy evaluations would cost more than training; no early stop
+    "eval_every": 0, "solved_return": float("inf"), "final_eval_episodes": 10,
+}  # fmt: skip
+
+
+def is_mujoco(env_id: str) -> bool:
+    """Whether gymnasium registers ``env_id`` as one of its MuJoCo envs (by the entry point; no import)."""
+    spec = registry.get(env_id.rpartition(":")[2])
+    entry = getattr(spec, "entry_point", "") if spec is not None else ""
+    return isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = cli.example_parser("ppo", __doc__, default_env="CartPole-v1", default_env_steps=100_000)
     p.set_defaults(num_envs=8, grad_clip=0.5)
     a = p.add_argument_group("PPO")
+    a.add_argument(
+        "--recipe",
+        choices=["auto", "classic", "mujoco"],
+        default="auto",
+        help="defaults for the flags below: 'classic' (tuned on CartPole, rl-baselines3-zoo), 'mujoco' "
+        "(CleanRL's ppo_continuous_action.py with observation and reward normalization), 'auto': mujoco for "
+        "gymnasium's MuJoCo envs, else classic. Flags given explicitly override the recipe",
+    )
     a.add_argument("--steps-per-env", type=int, default=32, help="transitions per sub-env per rollout (T)")
     a.add_argument("--update-epochs", type=int, default=20, help="passes over each rollout (K)")
     a.add_argument("--num-minibatches", type=int, default=1, help="minibatches per pass")
     a.add_argument("--gamma", type=float, default=0.98, help="discount factor")
     a.add_argument("--gae-lambda", type=float, default=0.8, help="lambda of GAE")
     a.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (annealed with --anneal)")
-    a.add_argument("--anneal", action=argparse.BooleanOptionalAction, default=True, help="anneal lr and clip linearly")
+    a.add_argument("--anneal", action=argparse.BooleanOptionalAction, default=True, help="anneal lr linearly to 0")
+    a.add_argument(
+        "--anneal-clip", action=argparse.BooleanOptionalAction, default=True, help="also anneal the clip range"
+    )
     a.add_argument("--clip-coef", type=float, default=0.2, help="clip range of the probability ratio")
     a.add_argument("--ent-coef", type=float, default=0.0, help="weight of the entropy bonus")
-    a.add_argument("--vf-coef", type=float, default=0.5, help="weight of the value loss")
+    a.add_argument("--vf-coef", type=float, default=0.5, help="weight of the value loss (a mean squared error)")
+    a.add_argument(
+        "--clip-vloss",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="clip the value update around the behaviour value by --clip-coef (CleanRL's and SB3's PPO detail)",
+    )
     a.add_argument(
         "--norm-adv", default="minibatch", choices=["minibatch", "rollout", "none"], help="advantage normalization"
     )
@@ -61,12 +102,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=False,
         help="Box actions: a tanh-squashed Gaussian policy (actions stay inside the bounds) instead of a clipped one",
     )
+    n = p.add_argument_group("normalization (ptl_rl.NormalizeObservations, ptl_rl.ScaleRewards)")
+    n.add_argument(
+        "--norm-obs",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="normalize observations by their running mean and std (the agent, the rollout and evaluation)",
+    )
+    n.add_argument("--obs-clip", type=float, default=10.0, help="clip normalized observations to +-this")
+    n.add_argument(
+        "--norm-reward",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="scale rewards by the running std of the discounted return",
+    )
+    n.add_argument("--reward-clip", type=float, default=10.0, help="clip scaled rewards to +-this")
+    _apply_recipe(p, argv)
     # fails here, with the usage line, for a mistyped or unsuitable env: before the imports below
     box_or_discrete = (spaces.Discrete, spaces.MultiDiscrete, spaces.Box)
     args, env = cli.parse(p, argv, box_or_discrete, "PPO")
     if args.squashed and not isinstance(env.action_space, spaces.Box):
         p.error(f"--squashed applies to Box action spaces; {args.env_id} has {env.action_space}")
     return args
+
+
+def _apply_recipe(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:
+    """Make the MuJoCo recipe the defaults when ``--recipe`` (or the env, under ``auto``) asks for it."""
+    known, _ = parser.parse_known_args(argv)
+    if known.recipe == "mujoco" or (known.recipe == "auto" and is_mujoco(known.env_id)):
+        parser.set_defaults(**MUJOCO_RECIPE)
 
 
 if __name__ == "__main__":
@@ -128,7 +192,7 @@ class PPO(pl.LightningModule):
 
     def progress(self) -> float:
         """Fraction of the run's rollouts done (one Lightning epoch per rollout)."""
-        return min(self.current_epoch / self.num_rollouts, 1.0) if self.hparams.anneal else 0.0
+        return min(self.current_epoch / self.num_rollouts, 1.0)
 
     def training_step(self, batch: ptl_rl.TorchBatch, batch_idx: int) -> torch.Tensor:
         hp = self.hparams
@@ -136,11 +200,15 @@ class PPO(pl.LightningModule):
         # the clipped surrogate: batch.log_prob is the behaviour policy's, recorded while acting
         log_ratio = log_prob - batch.log_prob
         ratio = log_ratio.exp()
-        clip = hp.clip_coef * (1.0 - self.progress())
+        clip = hp.clip_coef * (1.0 - self.progress()) if hp.anneal and hp.anneal_clip else hp.clip_coef
         pg_loss = torch.max(-batch.advantage * ratio, -batch.advantage * ratio.clamp(1 - clip, 1 + clip)).mean()
         # batch.returns = GAE advantage + behaviour value: the critic's regression target. A plain MSE, as in
         # SB3 (CleanRL halves it): on CartPole the weaker critic let 1 seed in 5 decay from 500 late in training
-        v_loss = (value - batch.returns).square().mean()
+        v_loss = (value - batch.returns).square()
+        if hp.clip_vloss:  # the value moves at most clip_coef from the behaviour value, unless that costs more
+            clipped = batch.value + (value - batch.value).clamp(-hp.clip_coef, hp.clip_coef)
+            v_loss = torch.max(v_loss, (clipped - batch.returns).square())
+        v_loss = v_loss.mean()
         loss = pg_loss + hp.vf_coef * v_loss - hp.ent_coef * entropy.mean()
         if (batch_idx + 1) % self.batches_per_rollout == 0:  # after a rollout's last update (a log costs ~0.5 ms)
             with torch.no_grad():
@@ -181,10 +249,17 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     num_rollouts = max(1, args.env_steps // (args.num_envs * args.steps_per_env))
     model = PPO(obs_dim, env.single_action_space, args, num_rollouts)
 
-    # ExperienceSource -> RolloutBuffer: T steps per env, GAE, K epochs of shuffled minibatches per rollout
+    # ExperienceSource [-> NormalizeObservations -> ScaleRewards] -> RolloutBuffer: T steps per env, GAE, K epochs
     source = ptl_rl.ExperienceSource(env, model.agent, gamma=args.gamma, seed=args.seed)
+    stage: Any = source
+    obs_norm = None
+    if args.norm_obs:  # the agent, the rollout and the evaluations all see observations normalized alike
+        stage = ptl_rl.NormalizeObservations(stage, clip=args.obs_clip or None)
+        obs_norm = stage.normalizer
+    if args.norm_reward:
+        stage = ptl_rl.ScaleRewards(stage, gamma=args.gamma, clip=args.reward_clip or None)
     rollout = ptl_rl.RolloutBuffer(
-        source,
+        stage,
         args.steps_per_env,
         epochs=args.update_epochs,
         num_minibatches=args.num_minibatches,
@@ -192,8 +267,21 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         normalize_advantage=None if args.norm_adv == "none" else args.norm_adv,
         seed=args.seed,
     )
+
+    def evaluation_agent(module: PPO) -> Any:
+        agent = greedy_agent(module.actor, env)
+        return agent if obs_norm is None else obs_norm.wrap_agent(agent)  # frozen statistics
+
+    def extra_summary() -> dict[str, Any]:
+        last = source.recent_episodes()[-10:]
+        return {
+            "rollouts": rollout.rollouts_collected,
+            "train_return_last10": float(np.mean([e.ret for e in last])) if last else float("nan"),
+        }
+
     # one Lightning epoch = one rollout; a sized loader also keeps Lightning from prefetching a stale batch
     loader = ptl_rl.to_dataloader(rollout, steps_per_epoch=rollout.batches_per_rollout)
+    anneal = "lr and clip" if args.anneal_clip else "lr"
     return harness.run(
         harness.Experiment(
             "ppo",
@@ -202,16 +290,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             rollout,
             loader,
             make_env=lambda n: make_env(args.env_id, n),
-            greedy_agent=lambda module: greedy_agent(module.actor, env),
+            greedy_agent=evaluation_agent,
             max_epochs=num_rollouts,
             config={
                 "obs_dim": obs_dim,
                 "action_space": str(env.single_action_space),
                 "num_rollouts": num_rollouts,
                 "batch_size": args.num_envs * args.steps_per_env // args.num_minibatches,
-                "anneal_schedule": f"lr and clip linear to 0 over {num_rollouts} rollouts" if args.anneal else None,
+                "anneal_schedule": f"{anneal} linear to 0 over {num_rollouts} rollouts" if args.anneal else None,
             },
-            extra_summary=lambda: {"rollouts": rollout.rollouts_collected},
+            extra_summary=extra_summary,
             log_every=rollout.batches_per_rollout,  # once per rollout
         )
     )

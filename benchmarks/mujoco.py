@@ -1,0 +1,278 @@
+"""MuJoCo at published scale: ptl_rl's examples against CleanRL's single files, run here, side by side.
+
+    python benchmarks/mujoco.py --algo ppo --env-id Hopper-v5 HalfCheetah-v5 Walker2d-v5 --seeds 1 2 3 \\
+        --env-steps 1000000 --cleanrl /path/to/cleanrl            # add the CleanRL arm (one seed per env)
+
+Each run is a child process; its CPU time (user + system, from the kernel's
+accounting of the child) over its env steps is the cost reported. torch runs on
+one thread in both arms. Every finished run is appended to
+``benchmarks/results/mujoco.json`` at once, and a run already recorded there
+(same lib, algo, env, seed and budget) is skipped: a long benchmark killed half
+way resumes at the first run it had not finished.
+
+The record of a run: ``algo``, ``env_id``, ``seed``, ``env_steps``,
+``final_return`` (mean of the last 10 training episodes), ``greedy_return``
+(10 fresh greedy episodes; CleanRL's files have none: ``null``), ``cpu_s``,
+``cpu_us_per_env_step``, ``lib`` (``ptl_rl`` or ``cleanrl``),
+``ptl_rl_commit``, plus the machine load and the run directory.
+
+CleanRL's files are read from the checkout given with ``--cleanrl`` and patched
+in memory, never copied here. They were written for gymnasium 0.29; the
+patches (each asserted to apply, see ``CLEANRL_PATCHES``) are:
+
+* ``tyro.cli(Args)`` becomes ``Args(...)`` with this run's env, seed and
+  budget (tyro is not a dependency of ptl_rl);
+* the vector env autoresets in gymnasium 1.x's same-step mode, the semantics
+  of gymnasium 0.29 that CleanRL's loop assumes (the step after an episode end
+  starts the next episode; under 1.x's default next-step mode it would store
+  a reset step as a transition);
+* ``TransformObservation`` gets its new ``observation_space`` argument (``None``);
+* the episode statistics are read from gymnasium 1.x's ``final_info`` layout
+  (a dict of arrays with a ``_episode`` mask instead of a list of dicts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results" / "mujoco.json"
+
+# Open RL Benchmark (CleanRL's published table, v4 envs, 1M steps): mean +- std over seeds
+PUBLISHED = {
+    ("ppo", "HalfCheetah"): (1442.64, 46.03),
+    ("ppo", "Hopper"): (2382.86, 271.74),
+    ("ppo", "Walker2d"): (2287.95, 571.78),
+}
+
+CLEANRL_FILES = {"ppo": "ppo_continuous_action.py", "sac": "sac_continuous_action.py"}
+
+_EPISODE_LOG = """            if "final_info" in infos:
+                for info in infos["final_info"]:
+                    if info and "episode" in info:
+                        print(f"global_step={global_step}, episodic_return={info['episode']['r']}")
+                        writer.add_scalar("charts/episodic_return", info["episode"]["r"], global_step)
+                        writer.add_scalar("charts/episodic_length", info["episode"]["l"], global_step)
+"""
+_EPISODE_LOG_1X = """            if "final_info" in infos and "episode" in infos["final_info"]:
+                _ep = infos["final_info"]["episode"]
+                for _i in infos["final_info"]["_episode"].nonzero()[0]:
+                    print(f"global_step={global_step}, episodic_return={float(_ep['r'][_i])}")
+                    writer.add_scalar("charts/episodic_return", _ep["r"][_i], global_step)
+                    writer.add_scalar("charts/episodic_length", _ep["l"][_i], global_step)
+"""
+CLEANRL_PATCHES: dict[str, list[tuple[str, str]]] = {
+    "ppo": [
+        ("import tyro\n", ""),
+        ("    args = tyro.cli(Args)\n", "    args = Args(**_OVERRIDES)\n"),
+        (
+            "for i in range(args.num_envs)]\n    )",
+            "for i in range(args.num_envs)],\n        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,\n    )",
+        ),
+        (
+            "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))",
+            "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), None)",
+        ),
+        (_EPISODE_LOG, _EPISODE_LOG_1X),
+    ],
+}
+
+
+def patched_cleanrl(path: Path, algo: str) -> str:
+    """CleanRL's single file for ``algo``, with the gymnasium 1.x patches applied (each must apply once)."""
+    source = (path / "cleanrl" / CLEANRL_FILES[algo]).read_text()
+    for old, new in CLEANRL_PATCHES[algo]:
+        if source.count(old) != 1:
+            raise SystemExit(f"CleanRL's {CLEANRL_FILES[algo]} has changed: this patch no longer applies:\n{old}")
+        source = source.replace(old, new)
+    return source
+
+
+def run_cleanrl_inline(path: str, algo: str, env_id: str, seed: int, env_steps: int) -> None:
+    """In this (child) process: execute the patched CleanRL file as ``__main__``."""
+    import torch  # noqa: PLC0415 - only the child needs it
+
+    torch.set_num_threads(1)
+    code = patched_cleanrl(Path(path), algo)
+    overrides = {"env_id": env_id, "seed": seed, "total_timesteps": env_steps, "cuda": False}
+    namespace = {"__name__": "__main__", "__file__": str(Path(path) / "cleanrl" / CLEANRL_FILES[algo]),
+                 "_OVERRIDES": overrides}  # fmt: skip
+    exec(compile(code, namespace["__file__"], "exec"), namespace)  # noqa: S102 - CleanRL's file, by design
+
+
+def _child(cmd: list[str], cwd: str, log: Path) -> tuple[int, float, float]:
+    """Run ``cmd``; returns (exit status, CPU seconds of the child, wall seconds)."""
+    start = time.perf_counter()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+    return os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime, time.perf_counter() - start
+
+
+def _commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "ptl_rl"], cwd=REPO, capture_output=True, text=True)
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def run_ptl_rl(algo: str, env_id: str, seed: int, env_steps: int, runs_dir: Path, extra: list[str]) -> dict[str, Any]:
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    log = runs_dir / f"{algo}_{env_id}_{seed}.log"
+    cmd = [sys.executable, "-m", f"ptl_rl.examples.{algo}", "--env-id", env_id, "--seed", str(seed),
+           "--env-steps", str(env_steps), "--runs-dir", str(runs_dir), "--no-progress-bar", "--threads", "1",
+           *extra]  # fmt: skip
+    before = set(glob.glob(str(runs_dir / f"{algo}_{env_id}_{seed}_*")))
+    code, cpu, wall = _child(cmd, str(REPO), log)
+    if code != 0:
+        raise SystemExit(f"ptl_rl run failed ({code}); see {log}")
+    (run_dir,) = set(glob.glob(str(runs_dir / f"{algo}_{env_id}_{seed}_*"))) - before
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    return {
+        "final_return": summary["train_return_last10"],
+        "greedy_return": summary["final_eval_return"],
+        "env_steps_done": summary["env_steps"],
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "run_dir": os.path.relpath(run_dir, REPO),
+    }
+
+
+def run_cleanrl(path: str, algo: str, env_id: str, seed: int, env_steps: int, runs_dir: Path) -> dict[str, Any]:
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    log = runs_dir / f"cleanrl_{algo}_{env_id}_{seed}.log"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "_cleanrl", path, algo, env_id, str(seed), str(env_steps)]
+    with tempfile.TemporaryDirectory() as cwd:  # CleanRL writes runs/ into its working directory
+        code, cpu, wall = _child(cmd, cwd, log)
+    if code != 0:
+        raise SystemExit(f"CleanRL run failed ({code}); see {log}")
+    returns = [float(m) for m in re.findall(r"episodic_return=([-\d.eE+]+)", log.read_text())]
+    last = returns[-10:]
+    return {
+        "final_return": sum(last) / len(last) if last else None,
+        "greedy_return": None,
+        "env_steps_done": env_steps,
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "run_dir": os.path.relpath(log, REPO),
+    }
+
+
+def load_results() -> list[dict[str, Any]]:
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+
+
+def save_result(record: dict[str, Any]) -> None:
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    # two benchmark processes (say the ptl_rl and the CleanRL arm, one per core) may finish at once
+    with open(RESULTS.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        results = load_results() + [record]
+        tmp = RESULTS.with_suffix(".tmp")
+        tmp.write_text(json.dumps(results, indent=1) + "\n")
+        tmp.replace(RESULTS)  # never a half-written file, whenever this process is killed
+
+
+def _done(lib: str, algo: str, env_id: str, seed: int, env_steps: int) -> bool:
+    return any(
+        (r["lib"], r["algo"], r["env_id"], r["seed"], r["env_steps"]) == (lib, algo, env_id, seed, env_steps)
+        for r in load_results()
+    )
+
+
+def table() -> str:
+    """Per algo and env: ptl_rl's mean over seeds, CleanRL measured here, CleanRL published."""
+    rows, results = [], load_results()
+    keys = sorted({(r["algo"], r["env_id"], r["env_steps"]) for r in results})
+    for algo, env_id, steps in keys:
+
+        def pick(lib: str, a: str = algo, e: str = env_id, s: int = steps) -> list[dict[str, Any]]:
+            return [r for r in results if (r["lib"], r["algo"], r["env_id"], r["env_steps"]) == (lib, a, e, s)]
+
+        ours, theirs = pick("ptl_rl"), pick("cleanrl")
+        published = PUBLISHED.get((algo, env_id.split("-")[0]))
+
+        def mean(rs: list[dict[str, Any]], key: str) -> str:
+            values = [r[key] for r in rs if r[key] is not None]
+            return f"{sum(values) / len(values):.0f} (n={len(values)})" if values else "-"
+
+        rows.append(
+            f"{algo} {env_id} {steps}: ptl_rl final {mean(ours, 'final_return')}, "
+            f"greedy {mean(ours, 'greedy_return')}, "
+            f"{mean(ours, 'cpu_us_per_env_step')} us/step | CleanRL here {mean(theirs, 'final_return')}, "
+            f"{mean(theirs, 'cpu_us_per_env_step')} us/step | published "
+            + (f"{published[0]:.0f} +- {published[1]:.0f}" if published else "-")
+        )
+    return "\n".join(rows)
+
+
+def main() -> None:
+    global RESULTS  # noqa: PLW0603 - one results file per invocation
+    if len(sys.argv) > 1 and sys.argv[1] == "_cleanrl":  # the child process of a CleanRL run
+        # this script's folder is first on sys.path, and this file is named mujoco.py: `import mujoco` must
+        # find the MuJoCo package, not this script
+        here = str(Path(__file__).resolve().parent)
+        sys.path[:] = [entry for entry in sys.path if str(Path(entry or ".").resolve()) != here]
+        path, algo, env_id, seed, steps = sys.argv[2:7]
+        run_cleanrl_inline(path, algo, env_id, int(seed), int(steps))
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--algo", choices=["ppo", "sac"], default="ppo")
+    p.add_argument("--env-id", nargs="+", default=["Hopper-v5", "HalfCheetah-v5", "Walker2d-v5"])
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--env-steps", type=int, default=1_000_000)
+    p.add_argument("--cleanrl", default=None, help="path of a CleanRL checkout: also run its file (first seed only)")
+    p.add_argument("--cleanrl-seeds", type=int, nargs="+", default=None, help="CleanRL's seeds (default: the first)")
+    p.add_argument("--no-ptl-rl", action="store_true", help="run only the CleanRL arm")
+    p.add_argument("--runs-dir", default=str(REPO / "runs" / "mujoco"), help="run directories and logs")
+    p.add_argument("--table", action="store_true", help="only print the table of the recorded results")
+    p.add_argument("--results", default=str(RESULTS), help="the JSON file of records (read, then appended to)")
+    p.add_argument("example_args", nargs="*", help="after --: extra flags for ptl_rl's example")
+    args = p.parse_args()
+    RESULTS = Path(args.results)
+    if args.table:
+        print(table())
+        return
+    runs_dir = Path(args.runs_dir)
+    plan = []
+    for env_id in args.env_id:
+        for seed in args.seeds if not args.no_ptl_rl else []:
+            plan.append(("ptl_rl", env_id, seed))
+        if args.cleanrl:
+            for seed in args.cleanrl_seeds or args.seeds[:1]:
+                plan.append(("cleanrl", env_id, seed))
+    for lib, env_id, seed in plan:
+        if _done(lib, args.algo, env_id, seed, args.env_steps):
+            print(f"skip {lib} {args.algo} {env_id} seed {seed}: already in {RESULTS.name}", flush=True)
+            continue
+        load = os.getloadavg()[0]
+        print(f"run {lib} {args.algo} {env_id} seed {seed}, {args.env_steps} steps (load {load:.2f})", flush=True)
+        if lib == "ptl_rl":
+            out = run_ptl_rl(args.algo, env_id, seed, args.env_steps, runs_dir, args.example_args)
+        else:
+            out = run_cleanrl(args.cleanrl, args.algo, env_id, seed, args.env_steps, runs_dir)
+        record = {
+            "algo": args.algo, "env_id": env_id, "seed": seed, "env_steps": args.env_steps,
+            "final_return": out["final_return"], "greedy_return": out["greedy_return"],
+            "cpu_s": round(out["cpu_s"], 1), "cpu_us_per_env_step": round(out["cpu_s"] / args.env_steps * 1e6, 1),
+            "lib": lib, "ptl_rl_commit": _commit(), "wall_s": round(out["wall_s"], 1),
+            "load_at_start": round(load, 2), "load_at_end": round(os.getloadavg()[0], 2), "run": out["run_dir"],
+        }  # fmt: skip
+        save_result(record)
+        print(json.dumps(record), flush=True)
+    print(table())
+
+
+if __name__ == "__main__":
+    main()
