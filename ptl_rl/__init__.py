@@ -39,6 +39,7 @@ _PUBLIC_API: dict[str, str] = {
     "SumTree": "ptl_rl.buffers",
     "EnvStepLimit": "ptl_rl.callbacks",
     "EpisodeStatsLogger": "ptl_rl.callbacks",
+    "NormalizationSync": "ptl_rl.callbacks",
     "PeriodicEvaluation": "ptl_rl.callbacks",
     "PipelineProfiler": "ptl_rl.callbacks",
     "ActionRescaler": "ptl_rl.distributions",
@@ -106,6 +107,7 @@ __all__ = [
     "MinariRecorder",
     "MinariSource",
     "NStepTransform",
+    "NormalizationSync",
     "NormalizeObservations",
     "NormalizeSampledObservations",
     "NormalizedAgent",
@@ -168,7 +170,13 @@ if TYPE_CHECKING:
         SequenceReplayBuffer,
         SumTree,
     )
-    from ptl_rl.callbacks import EnvStepLimit, EpisodeStatsLogger, PeriodicEvaluation, PipelineProfiler
+    from ptl_rl.callbacks import (
+        EnvStepLimit,
+        EpisodeStatsLogger,
+        NormalizationSync,
+        PeriodicEvaluation,
+        PipelineProfiler,
+    )
     from ptl_rl.distributions import ActionRescaler, action_head
     from ptl_rl.evaluation import EvaluationDataset, evaluate, evaluation_dataloader, run_episodes
     from ptl_rl.gae import compute_gae

@@ -1,4 +1,4 @@
-"""Lightning callbacks: episode logging, an env-step budget, periodic evaluation and a throughput profiler.
+"""Lightning callbacks: episode logging, an env-step budget, periodic evaluation, normalization sync, a profiler.
 
 They work with either Lightning package (see :mod:`ptl_rl.compat`) and under
 DDP: every decision to stop or to evaluate is reduced across ranks, so all
@@ -15,6 +15,7 @@ import torch
 
 from ptl_rl.compat import Callback
 from ptl_rl.evaluation import evaluate
+from ptl_rl.normalization import sync_statistics
 from ptl_rl.profiling import PipelineProfile, profile
 from ptl_rl.ranks import rank_seed
 from ptl_rl.source import ExperienceSource
@@ -115,6 +116,30 @@ class EnvStepLimit(_PipelineCallback):
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         if _global_env_steps(trainer, self.source) >= self.max_env_steps:
             trainer.should_stop = True
+
+
+class NormalizationSync(_PipelineCallback):
+    """Under DDP, merges the statistics of the pipeline's normalization stages across ranks every ``every_n_steps``.
+
+    Each rank's :class:`~ptl_rl.normalization.NormalizeObservations` and
+    :class:`~ptl_rl.normalization.ScaleRewards` learn from that rank's envs;
+    after a sync every rank holds the statistics of all ranks' data (each row
+    counted once), so every rank's copy of the model sees inputs normalized
+    alike. Outside DDP it does nothing. :class:`~ptl_rl.lightning.PipelineCheckpoint`
+    also syncs before every save, so a checkpoint holds the merged statistics.
+    """
+
+    def __init__(self, pipeline: Any, every_n_steps: int = 100) -> None:
+        super().__init__()
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.pipeline = pipeline
+        self.every_n_steps = int(every_n_steps)
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        # global_step is the same on every rank at this hook: all ranks take part in the same collectives
+        if trainer.world_size > 1 and trainer.global_step % self.every_n_steps == 0:
+            sync_statistics(self.pipeline)
 
 
 class PeriodicEvaluation(_PipelineCallback):

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.compat import Callback, DataModule
 from ptl_rl.evaluation import evaluation_dataloader
+from ptl_rl.normalization import sync_statistics
 from ptl_rl.nstep import NStepTransform
 from ptl_rl.ranks import assign_rank, distributed_rank
 from ptl_rl.source import ExperienceSource
@@ -312,6 +313,8 @@ class PipelineCheckpoint(Callback):
             assign_rank(self.pipeline, rank)
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        if _world(trainer)[1] > 1:  # every rank is here: the checkpoint gets the statistics of all ranks' data
+            sync_statistics(self.pipeline)
         per_rank = _gather_to_rank_zero(pipeline_state_dict(self.pipeline, self.include_replay), trainer)
         if per_rank is not None:
             checkpoint[CHECKPOINT_KEY] = {"world_size": len(per_rank), "ranks": per_rank}

@@ -26,8 +26,9 @@ Both stages keep their statistics in :func:`~ptl_rl.stages.pipeline_state_dict`
 (so in :class:`~ptl_rl.lightning.PipelineCheckpoint`), commit each step in one
 statement (an interrupt leaves them as before or as after), and treat a gap in
 the upstream's ``stream_seq`` (a peek, a source reset) as the start of new
-episodes. Under DDP, :class:`NormalizationSync` merges every rank's statistics
-(see :mod:`ptl_rl.running_stats`). The decisions are in
+episodes. Under DDP, :class:`~ptl_rl.callbacks.NormalizationSync` merges every
+rank's statistics every few steps, and :class:`~ptl_rl.lightning.PipelineCheckpoint`
+before each save (see :mod:`ptl_rl.running_stats`). The decisions are in
 ``docs/design/normalization.md``.
 """
 
@@ -455,7 +456,7 @@ class ScaleRewards(_PerStepStage):
         return TransitionBatch.wrap(fields)
 
     def sync(self) -> bool:
-        """Merge the return statistics of every DDP rank (collective; see :class:`NormalizationSync`)."""
+        """Merge the return statistics of every DDP rank (collective; see :func:`sync_statistics`)."""
         return self.statistics.sync()
 
     STATE_VERSION = 1
@@ -506,3 +507,18 @@ class NormalizeSampledObservations:
 
     def __repr__(self) -> str:
         return stage_repr(self, count=self.normalizer.count)
+
+
+def sync_statistics(pipeline: Any) -> int:
+    """Merge the running statistics of every normalization stage of ``pipeline`` across DDP ranks.
+
+    A collective call under ``torch.distributed`` (every rank at the same point: a Lightning hook);
+    a no-op otherwise. Returns how many stages it synced.
+    """
+    synced = 0
+    for stage in pipeline_stages(pipeline):
+        if isinstance(stage, NormalizeObservations):
+            synced += stage.normalizer.sync()
+        elif isinstance(stage, ScaleRewards):
+            synced += stage.sync()
+    return synced

@@ -16,6 +16,8 @@ import pytest
 import torch
 from paths import SUPPORT
 
+from ptl_rl import CHECKPOINT_KEY
+
 SCRIPT = SUPPORT / "ddp_run.py"
 TIMEOUT_S = 240
 
@@ -61,3 +63,28 @@ def test_two_ranks_collect_different_data_stop_together_and_resume_their_own_sta
     assert not torch.equal(resumed[0]["at_start"]["obs"], resumed[1]["at_start"]["obs"])
     # the budget is already spent: both ranks stop after their first batch, together
     assert resumed[0]["global_step"] == resumed[1]["global_step"] == ranks[0]["global_step"] + 1
+
+
+NORMALIZATION_SCRIPT = SUPPORT / "ddp_normalization_run.py"
+
+
+@pytest.mark.parametrize("package", ["pytorch_lightning", "lightning.pytorch"])
+def test_normalization_statistics_are_merged_across_ranks_each_row_once(tmp_path, package) -> None:
+    process = subprocess.run(
+        [sys.executable, str(NORMALIZATION_SCRIPT), str(tmp_path), package],
+        capture_output=True, text=True, timeout=TIMEOUT_S, start_new_session=True,
+    )  # fmt: skip
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"norm_rank{r}.pt", weights_only=True) for r in range(2)]
+    assert ranks[0]["env_ids"].tolist() != ranks[1]["env_ids"].tolist()  # each rank its own envs
+    # brute force: the mean and variance of the union of both ranks' raw observation rows
+    union = torch.cat([r["raw_obs"] for r in ranks]).double()
+    for r in ranks:
+        assert r["count"] == len(union) and r["local_count"] == 0
+        torch.testing.assert_close(r["mean"], union.mean(0), rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(r["var"], union.var(0, unbiased=False), rtol=1e-8, atol=1e-9)
+    assert ranks[0]["return_count"] == ranks[1]["return_count"] == len(union)
+    # the checkpoint (written by rank 0) holds both ranks' pipelines, each with the merged statistics
+    saved = torch.load(tmp_path / "norm.ckpt", weights_only=True)[CHECKPOINT_KEY]["ranks"]
+    counts = [s["stages"]["2:NormalizeObservations"]["normalizer"]["statistics"]["synced"]["count"] for s in saved]
+    assert counts == [len(union), len(union)]
