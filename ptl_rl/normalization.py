@@ -416,6 +416,8 @@ class ScaleRewards(_PerStepStage):
         self.statistics = RunningStatistics()
         self._env_ids = np.zeros(0, np.int64)  # sorted env_ids seen so far
         self._returns = np.zeros(0, np.float64)  # G of each, aligned with _env_ids
+        self._last_env_id: np.ndarray | None = None  # the last read-only env_id array seen, and its positions
+        self._last_pos = np.zeros(0, np.int64)
 
     @property
     def var(self) -> float:
@@ -426,19 +428,24 @@ class ScaleRewards(_PerStepStage):
     def _slots(self, env_id: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(env_ids, returns, positions)``: the arrays to use (grown by new env ids) and each row's position."""
         ids, returns = self._env_ids, self._returns
+        if env_id is self._last_env_id:  # the source's own read-only env_id array: every env, same order
+            return ids, returns, self._last_pos
         pos = np.searchsorted(ids, env_id)
         if len(ids) == 0 or (pos >= len(ids)).any() or (ids[np.minimum(pos, len(ids) - 1)] != env_id).any():
+            self._last_env_id = None  # positions change when the id list grows
             ids = np.union1d(ids, env_id)
             grown = np.zeros(len(ids), np.float64)
             grown[np.searchsorted(ids, self._env_ids)] = returns
             returns = grown
             pos = np.searchsorted(ids, env_id)
+        if not env_id.flags.writeable:  # read-only: it cannot change under the cache
+            self._last_env_id, self._last_pos = env_id, pos
         return ids, returns, pos
 
     def _transform(self, batch: TransitionBatch, cut: bool) -> TransitionBatch:
         if not len(batch):
             return batch
-        ids, returns, pos = self._slots(np.asarray(batch.env_id))
+        ids, returns, pos = self._slots(batch.env_id)
         returns = np.zeros_like(returns) if cut else returns.copy()
         g = returns[pos] * self.gamma + batch.reward
         update = None if self.frozen else self.statistics.with_rows(g)

@@ -50,6 +50,8 @@ class Moments:
         rows = np.asarray(rows, dtype=np.float64)
         if len(rows) == 0:
             return Moments.empty(rows.shape[1:])
+        if len(rows) == 1:  # one env: the common MuJoCo case, a third of the work
+            return Moments(1, rows[0].copy(), np.zeros(rows.shape[1:], np.float64))
         mean = rows.mean(axis=0)
         return Moments(len(rows), mean, np.square(rows - mean).sum(axis=0))
 
@@ -116,7 +118,8 @@ class RunningStatistics:
                 f"rows of shape {added.shape} do not match the statistics kept so far, of shape {self.moments.shape}"
             )
         local = added if self.local is None else self.local.merge(added)
-        moments = added if self.moments is None else self.moments.merge(added)
+        # synced + local, not moments + added: outside DDP synced stays empty and this merge is free
+        moments = local if self.synced is None else self.synced.merge(local)
         return local, moments
 
     def commit(self, local: Moments, moments: Moments) -> None:
