@@ -12,6 +12,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from ptl_rl.checks import check_output_width, scores_width, static_output_width
 from ptl_rl.distributions import ActionDistribution, ActionRescaler, Categorical, MultiCategorical, uniform_log_prob
 from ptl_rl.ranks import rank_seed
 from ptl_rl.schedules import LinearSchedule, as_schedule
@@ -67,9 +68,11 @@ class DQNAgent:
     that :class:`~ptl_rl.source.ExperienceSource` reports through
     :meth:`on_env_steps`.
 
-    Q-values need a ``Discrete`` action space: the source checks that when it
-    is built (:attr:`action_spaces`), and so does the constructor when given
-    the optional ``action_space``.
+    Q-values need a ``Discrete`` action space (starting at 0) and one Q-value
+    per action: the source checks both when it is built (:attr:`action_spaces`,
+    :meth:`check_action_space`), and so does the constructor when given the
+    optional ``action_space``. A width that only the forward pass shows is
+    checked at every call, before an action is picked.
 
     Examples:
         >>> import numpy as np
@@ -108,10 +111,32 @@ class DQNAgent:
         self.selector = selector if selector is not None else EpsilonGreedySelector()
         self.action_space = action_space
         self._device = _DeviceOf(net)
+        self._num_actions: int | None = None  # the env's, once known: every call checks the Q-values' width
+        if action_space is not None:
+            self.check_action_space(action_space)
+
+    def check_action_space(self, action_space: spaces.Space) -> None:
+        """Check that the network gives one Q-value per action of ``action_space`` (Discrete).
+
+        Called by :class:`~ptl_rl.source.ExperienceSource` when it is built.
+        A network ending in ``nn.Linear`` is checked at once; any other at
+        every call, before the selector picks an action, so an action the env
+        does not have never reaches it (the selector, exploring included,
+        draws among the network's outputs). Raises ValueError naming both.
+        """
+        if not isinstance(action_space, spaces.Discrete):
+            return  # check_agent reports the kind of space; nothing to count here
+        num_actions = scores_width(action_space)
+        width = static_output_width(self.net)
+        if width is not None:
+            check_output_width("DQNAgent", width, action_space, "Q-values")
+        self._num_actions, self._space = num_actions, action_space
 
     @torch.no_grad()
     def __call__(self, obs: Any) -> np.ndarray:
         q = self.net(obs_to_tensor(obs, self._device(), self._device.float_dtype()))
+        if self._num_actions is not None and q.shape[-1] != self._num_actions:
+            check_output_width("DQNAgent", int(q.shape[-1]), self._space, "Q-values")
         return self.selector(to_numpy(q))
 
     def on_env_steps(self, total_steps: int) -> None:
@@ -295,6 +320,37 @@ class StochasticPolicyAgent(_SeededAgentState):
         self._uniform_log_prob = 0.0 if action_space is None else uniform_log_prob(action_space)
         self._generator = _GeneratorPerDevice(seed)
         self._actor_device = _DeviceOf(actor)
+        self._num_scores: int | None = None  # logits per observation a discrete space needs, once known
+        if action_space is not None:
+            self._expect_scores(action_space)
+
+    def check_action_space(self, action_space: spaces.Space) -> None:
+        """Check a discrete policy's logits against the env's ``action_space`` (called by ExperienceSource).
+
+        An agent built for a space must get one with as many actions; a
+        logits-only agent learns the number here. The actor's width is checked
+        at once when it ends in ``nn.Linear`` or a categorical action head, and
+        else at every call, before an action is sampled. Raises ValueError.
+        """
+        own = self.action_space
+        if own is None:
+            if isinstance(action_space, spaces.Discrete):
+                self._expect_scores(action_space)
+            return
+        if type(own) is type(action_space) and scores_width(own) != scores_width(action_space):
+            raise ValueError(
+                f"{type(self).__name__} was built for the action space {own}, but the env's is {action_space}, "
+                "which has other actions; build the agent (and its action_head) with env.single_action_space"
+            )
+
+    def _expect_scores(self, space: spaces.Space) -> None:
+        num_scores = scores_width(space)
+        if num_scores is None:
+            return
+        width = static_output_width(self.actor)
+        if width is not None:
+            check_output_width(type(self).__name__, width, space, "logits")
+        self._num_scores, self._space = num_scores, space
 
     # ------------------------------------------------------------------ training-side helpers (with gradients)
     def distribution(self, obs: Any) -> ActionDistribution:
@@ -303,6 +359,8 @@ class StochasticPolicyAgent(_SeededAgentState):
         if not isinstance(obs, torch.Tensor) and not (isinstance(obs, dict) and _is_tensor_tree(obs)):
             obs = obs_to_tensor(obs, self._actor_device(), dtype)
         out = self.actor(_as_float(obs, dtype))
+        if self._num_scores is not None:
+            self._check_logits(out)
         if isinstance(out, torch.Tensor):
             if self.action_space is None or isinstance(self.action_space, spaces.Discrete):
                 return Categorical(out)
@@ -310,6 +368,17 @@ class StochasticPolicyAgent(_SeededAgentState):
                 return MultiCategorical(out, self.action_space.nvec)
             raise TypeError("for a Box action space the actor must return a distribution (end it in an action_head)")
         return out
+
+    def _check_logits(self, out: Any) -> None:
+        """Raw logits, or a Categorical's, of another width than the space's would sample actions it lacks."""
+        if isinstance(out, torch.Tensor):
+            width = out.shape[-1]
+        elif isinstance(out, Categorical) and isinstance(self._space, spaces.Discrete):
+            width = out.log_probs.shape[-1]
+        else:
+            return
+        if width != self._num_scores:
+            check_output_width(type(self).__name__, int(width), self._space, "logits")
 
     @staticmethod
     def policy_action(batch: Any) -> torch.Tensor:

@@ -16,7 +16,8 @@ three differences this adapter settles (docs/design/scale-out.md, "EnvPool"):
   overlap env steps with learning).
 * **Only next-step autoreset.** EnvPool has no ``final_obs`` (same-step) and
   its ``reset_mask`` reset returns only the reset envs' observations, so
-  ``autoreset_mode="SameStep"`` and ``"Disabled"`` are refused.
+  ``autoreset_mode="SameStep"`` and ``"Disabled"`` are refused when the
+  ExperienceSource is made (:func:`check_autoreset_mode`).
 
 One semantic of EnvPool's own stays: at the time limit it reports
 ``terminated = done & ~truncated``, so an episode that terminates on the very
@@ -171,6 +172,23 @@ def _check_pool(env: Any) -> None:
         raise ValueError(
             f"multi-player EnvPool tasks (max_num_players={config['max_num_players']}) are not supported: "
             "ExperienceSource yields one row per sub-env and step."
+        )
+
+
+def check_autoreset_mode(env: Any, mode: str) -> None:
+    """Refuse, before the first step, an autoreset mode other than next-step for an EnvPool env.
+
+    ``mode`` is the mode ExperienceSource will serve (``"NextStep"``,
+    ``"SameStep"`` or ``"Disabled"``). EnvPool autoresets in next-step mode
+    only; without this check the mismatch surfaced only at the first episode
+    end, possibly thousands of steps into a run.
+    """
+    if isinstance(env, EnvPoolVectorEnv) and mode != "NextStep":
+        raise ValueError(
+            f"the autoreset mode {mode!r} cannot be served by EnvPool ({env!r}): EnvPool always autoresets in "
+            "next-step mode, it has no info['final_obs'] for same-step mode, and its reset_mask reset returns only "
+            "the reset envs' observations, so disabled mode cannot be served either. Leave autoreset_mode unset "
+            "(or pass autoreset_mode='NextStep'); the rows are the same, ExperienceSource drops the reset steps."
         )
 
 

@@ -621,7 +621,8 @@ class MinariRecorder:
             A vector env's single-env spaces are used.
         observation_space, action_space: override the spaces (default: the env's;
             a float64 Box becomes float32 when the stored observations are float32).
-        partial_episodes: what :meth:`close` does with episodes still running:
+        partial_episodes: what happens to episodes still running at :meth:`close`
+            and where the upstream's streams are cut (:meth:`end_episodes`):
             ``"truncate"`` (default) writes them with ``truncated`` set on their
             last step (bootstrap from its ``next_obs``, as Minari's DataCollector
             and :meth:`NStepTransform.flush` do); ``"drop"`` discards them.
@@ -629,6 +630,12 @@ class MinariRecorder:
         **metadata: passed to ``minari.create_dataset_from_buffers``
             (``author``, ``author_email``, ``code_permalink``, ``description``,
             ``algorithm_name``, ``eval_env``, ``requirements``, ...).
+
+    A skipped ``stream_seq`` number upstream (the source reset every sub-env
+    after a crash, an interrupt or a restore, or a batch was pulled past the
+    recorder) cuts every running episode there, and recording goes on; the
+    recorder's own ``stream_seq`` (the upstream's number of the batch it passed
+    on last) lets the stages behind it see the cut too.
 
     Agent extras are not recorded (Minari has no per-transition slot for them
     besides ``infos``). Image observations are stored losslessly
@@ -685,6 +692,10 @@ class MinariRecorder:
         self._steps: dict[str, Any] | None = None  # field -> [E, capacity, ...]: each env's episode so far
         self._last_next_obs: Any = None  # [E, ...]: next_obs of each env's last row
         self._length = np.zeros(0, dtype=np.int64)  # steps of each env's running episode
+        self._upstream_seq: int | None = None  # stream_seq of the last upstream batch recorded
+        # the upstream's number of the batch passed on last, so that a stage behind the recorder (an
+        # NStepTransform) sees the cuts in the envs' streams too; None if the upstream has no numbers
+        self.stream_seq: int | None = None
 
     def _check_dataset_id(self) -> None:
         from minari.dataset.minari_dataset import parse_dataset_id
@@ -712,7 +723,14 @@ class MinariRecorder:
         if self.upstream is None:
             raise TypeError("this MinariRecorder has no upstream; call record(batch) instead")
         batch = next(self.upstream)
+        seq = getattr(self.upstream, "stream_seq", None)
+        # a skipped number: the envs' streams were cut (a resync after a crash or interrupt, a restore) or
+        # someone else pulled batches (a peek); the running episodes cannot be continued by this batch
+        if seq is not None and self._upstream_seq is not None and seq != self._upstream_seq + 1:
+            self.end_episodes()
         self.record(batch, one_row_per_env=self.one_row_per_env)
+        # set only once the batch is recorded: a batch lost to an error shows up as a gap next time
+        self._upstream_seq = self.stream_seq = seq
         return batch
 
     def __enter__(self) -> MinariRecorder:
@@ -770,6 +788,22 @@ class MinariRecorder:
         for e in env[ended].tolist():  # one Python step per finished episode, not per transition
             self._finish(e, truncate=False)
 
+    def end_episodes(self) -> None:
+        """Cut every running episode, as ``partial_episodes`` says: queue it as truncated, or drop it.
+
+        Called by the recorder itself when its upstream's ``stream_seq`` skips a
+        number (the source reset its envs after a crash, an interrupt or a
+        restore, or its batches were pulled elsewhere); public for a recorder
+        fed by hand with :meth:`record`, whose caller knows where its streams
+        were cut. The next row of each ``env_id`` starts a new episode.
+        """
+        if self.closed:
+            raise RuntimeError(f"MinariRecorder for {self.dataset_id!r} is closed; record into a new one")
+        if self._steps is not None and self.partial_episodes == "truncate":
+            for env in np.flatnonzero(self._length > 0).tolist():
+                self._finish(env, truncate=True)
+        self._length[:] = 0
+
     def _finish(self, env: int, truncate: bool) -> None:
         """Queue env ``env``'s episode (copies of its steps and final observation) and empty its slot."""
         length = int(self._length[env])
@@ -797,10 +831,7 @@ class MinariRecorder:
         """
         if self.closed:
             return self.dataset
-        if self._steps is not None and self.partial_episodes == "truncate":
-            for env in np.flatnonzero(self._length > 0).tolist():
-                self._finish(env, truncate=True)
-        self._length[:] = 0
+        self.end_episodes()
         self._write()
         self.closed = True
         return self.dataset

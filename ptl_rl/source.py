@@ -35,7 +35,7 @@ import numpy as np
 
 from ptl_rl.batch import CORE_FIELDS, TransitionBatch
 from ptl_rl.checks import check_agent
-from ptl_rl.envpool import as_vector_env
+from ptl_rl.envpool import as_vector_env, check_autoreset_mode
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
 from ptl_rl.reprs import env_name, stage_repr
 from ptl_rl.state import check_version, versioned
@@ -244,6 +244,7 @@ class ExperienceSource:
         self.action_space = env.single_action_space if self.is_vector else env.action_space
         check_agent(agent, self.action_space)  # a bare network, or an agent for another kind of action space
         self.autoreset_mode = _autoreset_mode_of(env, autoreset_mode) if self.is_vector else DISABLED
+        check_autoreset_mode(env, self.autoreset_mode)  # EnvPool: next-step only, refused now, not at an episode end
         # a float64 cast makes a fresh array anyway
         self._copy_obs = self.is_vector and not getattr(env, "copy", True) and not self._cast_float64
         action_shape = getattr(self.action_space, "shape", None)

@@ -8,6 +8,7 @@ Every dataset here is created locally under a temporary ``MINARI_DATASETS_PATH``
 
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 
@@ -16,7 +17,19 @@ import numpy as np
 import pytest
 import torch
 from nstep_reference import reference_nstep
-from scripted_env import BOTH, MODES, TERM, TRUNC, ScriptedAgent, env_attr, ids_of, make_env, obs_code, scripted_batches
+from scripted_env import (
+    BOTH,
+    MODES,
+    TERM,
+    TRUNC,
+    ScriptedAgent,
+    ScriptedEnv,
+    env_attr,
+    ids_of,
+    make_env,
+    obs_code,
+    scripted_batches,
+)
 
 import ptl_rl
 from ptl_rl import (
@@ -475,3 +488,117 @@ def test_ranks_read_disjoint_episodes_under_ddp(monkeypatch):
     with pytest.raises(RuntimeError, match="already read"):
         next(source)
         source.set_rank(0)
+
+
+# ---------------------------------------------------------------------- cut streams (env crash, peek)
+class CrashingEnv(ScriptedEnv):
+    """Raises in its ``crash_at``-th step() call, after its state moved on (like test_robustness.py's)."""
+
+    def __init__(self, *args, crash_at: int = -1, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.crash_at, self.calls = crash_at, 0
+
+    def step(self, action):
+        self.calls += 1
+        out = super().step(action)
+        if self.calls == self.crash_at:
+            raise ValueError(f"env {self.index} broke")
+        return out
+
+
+CRASH_LAYOUTS = [[(4, TERM), (3, TRUNC)], [(2, TRUNC), (6, TERM)], [(5, BOTH)]]
+
+
+def crashing_source(mode):
+    fns = [
+        functools.partial(CrashingEnv, i, layout, reward_seed=4, crash_at=5 if i == 1 else -1)
+        for i, layout in enumerate(CRASH_LAYOUTS)
+    ]
+    env = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode(mode))
+    rng = np.random.default_rng(2)  # a plain agent: ScriptedAgent's hook checks do not expect a crash
+    return env, ExperienceSource(env, lambda obs: rng.integers(0, 5, size=len(obs)), seed=2)
+
+
+def pull_across_a_crash(stage, steps=12):
+    """``steps`` batches of ``stage`` before and after the crash (the source resynchronises); the crash is seen."""
+    got = []
+    with pytest.raises(ValueError, match="env 1 broke"):
+        for _ in range(steps):
+            got.append(next(stage))
+    got += [next(stage) for _ in range(steps)]
+    return got
+
+
+def episodes_of(rows: TransitionBatch, records, partial):
+    """The rows grouped by the scripted ids into (env, episode), in step order, as a recorder must store them.
+
+    Every group must be consecutive steps of the env's own record from the episode's start; a group whose
+    last row has neither flag was cut (by the crash or by close()): truncated there, or absent under "drop".
+    """
+    ident = ids_of(rows["obs"])
+    expected = []
+    for env, episode in sorted({(int(i), int(e)) for i, e in ident[:, :2]}):
+        order = np.flatnonzero((ident[:, 0] == env) & (ident[:, 1] == episode))
+        order = order[np.argsort(ident[order, 2])]
+        steps = [s for s in records[env] if s[0][1] == episode]
+        assert len(steps) >= len(order) and ident[order, 2].tolist() == list(range(len(order)))
+        steps = [list(s) for s in steps[: len(order)]]
+        if not (steps[-1][4] or steps[-1][5]):
+            if partial == "drop":
+                continue
+            steps[-1][5] = True
+        expected += [(env, *step) for step in steps]
+    expected.sort(key=lambda r: int(obs_code(r[1])))
+    return expected
+
+
+@pytest.mark.parametrize("partial", ["truncate", "drop"])
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])
+def test_recorder_records_on_after_the_source_resynchronises_from_an_env_crash(mode, partial):
+    """The episodes the crash abandoned are stored as cut (truncated, or dropped), and recording goes on."""
+    env, source = crashing_source(mode)
+    recorder = MinariRecorder(source, "test/crash-v0", partial_episodes=partial, flush_every=2)
+    passed = TransitionBatch.concat(pull_across_a_crash(recorder))
+    dataset = recorder.close()
+    records = env_attr(env, "record")
+    rows = episodes_of(passed, records, partial)
+    # more episodes were cut than close() cuts (one per env at most): the crash cut some too
+    abandoned = {(int(s[0][0]), int(s[0][1])) for r in records for s in r} - {(r[0], int(r[1][1])) for r in rows}
+    truncated = {int(obs_code(s[0])) for r in records for s in r if s[5]}
+    cut = sum(1 for r in rows if r[6] and int(obs_code(r[1])) not in truncated)
+    assert (len(abandoned) if partial == "drop" else cut) > len(CRASH_LAYOUTS), "the crash cut no episode"
+    assert dataset.total_steps == len(rows)
+    for episode in dataset.iterate_episodes():  # no stored episode spans the resync's reset
+        ident = ids_of(episode.observations)
+        assert (ident[:, :2] == ident[0, :2]).all(), "episode spans a reset"
+    assert_rows_equal(loaded_rows(MinariSource("test/crash-v0", lanes=2)), rows)
+
+
+def test_recorder_cuts_episodes_where_its_source_was_peeked_and_tells_stages_downstream():
+    """A batch pulled past the recorder is a gap in its source's stream_seq: the episodes are cut there, and the
+    recorder passes the stream numbers on so that an NStepTransform behind it flushes its windows too."""
+    env = make_env(LAYOUTS, "SameStep")
+    source = ExperienceSource(env, ScriptedAgent(3), seed=0)
+    recorder = MinariRecorder(source, "test/peek-v0", partial_episodes="drop")
+    nstep = NStepTransform(recorder, n=3, gamma=0.9)
+    out = [next(nstep) for _ in range(3)]
+    next(source)  # a peek: the recorder and the transform never see this step
+    out += [next(nstep) for _ in range(6)]
+    assert recorder.stream_seq == source.stream_seq
+    recorder.close()
+    out.append(nstep.flush())
+    rows = TransitionBatch.concat([b for b in out if b is not None and len(b)])
+    # every n-step row is a window of real consecutive steps of one episode: none joins steps across the gap
+    ident, next_ident = ids_of(rows["obs"]), ids_of(rows["next_obs"])
+    assert (ident[:, :2] == next_ident[:, :2]).all(), "an n-step row spans the gap"
+    k = next_ident[:, 2] - ident[:, 2]
+    assert ((k >= 1) & (k <= 3)).all()
+    lookup = {int(obs_code(s[0])): s for r in env_attr(env, "record") for s in r}
+    for r in range(len(rows)):
+        window = [lookup[int(obs_code(ident[r])) + j] for j in range(int(k[r]))]
+        np.testing.assert_allclose(rows["reward"][r], sum(0.9**j * s[2] for j, s in enumerate(window)), rtol=1e-5)
+    # the recorder stored the episodes up to the gap and the rest of them after it (an episode's tail starts
+    # after the peeked step), each as consecutive steps of one episode
+    stored = [ids_of(e.observations) for e in recorder.dataset.iterate_episodes()]
+    assert all((np.diff(ident[:, 2]) == 1).all() and (ident[:, :2] == ident[0, :2]).all() for ident in stored)
+    assert any(ident[0, 2] > 0 for ident in stored), "no episode was cut at the peek"

@@ -156,12 +156,18 @@ def test_refuses_async_mode():
         ExperienceSource(pool, RecordingAgent(8))
 
 
-@pytest.mark.parametrize("mode", ["SameStep", "Disabled"])
-def test_refuses_same_step_and_disabled_autoreset(mode):
-    source = ExperienceSource(make_pool(), RecordingAgent(N), autoreset_mode=mode, seed=0)
-    with pytest.raises((RuntimeError, ValueError), match="final_obs|reset_mask"):
-        for _ in range(60):  # fails at the first episode end
-            next(source)
+@pytest.mark.parametrize("wrap", ["raw_pool", "adapter"])
+@pytest.mark.parametrize("mode", ["SameStep", "Disabled", gym.vector.AutoresetMode.SAME_STEP])
+def test_refuses_same_step_and_disabled_autoreset_when_the_source_is_made(mode, wrap):
+    env = make_pool() if wrap == "raw_pool" else EnvPoolVectorEnv(make_pool())
+    agent = RecordingAgent(N)
+    with pytest.raises(ValueError, match=r"cannot be served by EnvPool.*autoreset_mode='NextStep'") as info:
+        ExperienceSource(env, agent, autoreset_mode=mode, seed=0)
+    assert agent.actions == [], "the env was stepped before the mode was refused"
+    assert "autoreset_mode='Disabled'" not in str(info.value), "suggests a mode EnvPool refuses too"
+    # the modes that work are accepted
+    for ok in (None, "NextStep"):
+        ExperienceSource(env, agent, autoreset_mode=ok, seed=0)
 
 
 def test_refuses_dm_pools_kwargs_with_a_pool_and_non_pools():
