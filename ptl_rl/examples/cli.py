@@ -19,6 +19,7 @@ import importlib
 import math
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import gymnasium as gym
 from gymnasium import spaces
@@ -243,3 +244,26 @@ def _check_registered(parser: argparse.ArgumentParser, env_id: str) -> None:
     parser.error(
         f"--env-id {env_id}: no such gymnasium env{hint} (gymnasium.pprint_registry() lists the registered ids)"
     )
+
+
+def is_mujoco(env_id: str) -> bool:
+    """Whether gymnasium registers ``env_id`` as one of its MuJoCo envs (read from the entry point, no import)."""
+    spec = registry.get(env_id.rpartition(":")[2])
+    entry = getattr(spec, "entry_point", "") if spec is not None else ""
+    return isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco")
+
+
+def apply_recipe(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, recipes: Mapping[str, Mapping[str, Any]]
+) -> None:
+    """Make ``recipes[name]`` the parser's defaults, ``name`` from ``--recipe`` or, under ``auto``, from the env.
+
+    ``auto`` picks ``"mujoco"`` for gymnasium's MuJoCo envs and the env id itself when ``recipes``
+    has one for it; else nothing changes. Flags given on the command line still win.
+    """
+    known, _ = parser.parse_known_args(argv)
+    name = known.recipe
+    if name == "auto":
+        name = "mujoco" if is_mujoco(known.env_id) and "mujoco" in recipes else known.env_id
+    if name in recipes:
+        parser.set_defaults(**recipes[name])

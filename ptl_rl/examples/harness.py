@@ -194,6 +194,7 @@ def run(experiment: Experiment) -> dict[str, Any]:
     """Fit ``experiment``, evaluate the final weights on fresh episodes, write the run directory; returns the summary.
 
     The summary (also ``summary.json``) holds ``final_eval_return``,
+    ``train_return_last10`` (the last 10 training episodes' mean return),
     ``env_steps``, ``gradient_steps`` (training batches), ``stopped`` (why),
     ``solved_at_env_steps``, ``eval_history`` (``[env_steps, mean_return]``
     pairs), timings and ``run_dir`` (``None`` with ``--runs-dir ''``).
@@ -290,6 +291,8 @@ def run(experiment: Experiment) -> dict[str, Any]:
         "final_eval_episodes": args.final_eval_episodes,
         "env_steps": env_steps(),
         "episodes": 0 if source is None else source.episodes_finished,
+        # what published tables report for training runs (CleanRL's Open RL Benchmark): the last 10 episodes' mean
+        "train_return_last10": _last_returns_mean(source, 10),
         "gradient_steps": recorder.batches,
         "solved_return": args.solved_return,
         "solved_at_env_steps": evaluation.solved_at if evaluation else None,
@@ -312,6 +315,12 @@ def run(experiment: Experiment) -> dict[str, Any]:
                 logger.log_metrics({"eval/final_return_mean": final_return}, step=step)
             logger.finalize("success")
     return summary
+
+
+def _last_returns_mean(source: Any, episodes: int) -> float:
+    """Mean undiscounted return of the last ``episodes`` finished training episodes (NaN before the first)."""
+    last = [] if source is None else source.recent_episodes()[-episodes:]
+    return float(np.mean([e.ret for e in last])) if last else float("nan")
 
 
 def report(summary: dict[str, Any]) -> str:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gymnasium import registry, spaces
+from gymnasium import spaces
 
 from ptl_rl.examples import cli
 
@@ -52,13 +52,6 @@ MUJOCO_RECIPE: dict[str, Any] = {
     # 1M steps of 1000-step episodes: periodic greedy evaluations would cost more than training; no early stop
     "eval_every": 0, "solved_return": float("inf"), "final_eval_episodes": 10,
 }  # fmt: skip
-
-
-def is_mujoco(env_id: str) -> bool:
-    """Whether gymnasium registers ``env_id`` as one of its MuJoCo envs (by the entry point; no import)."""
-    spec = registry.get(env_id.rpartition(":")[2])
-    entry = getattr(spec, "entry_point", "") if spec is not None else ""
-    return isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -117,20 +110,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="scale rewards by the running std of the discounted return",
     )
     n.add_argument("--reward-clip", type=float, default=10.0, help="clip scaled rewards to +-this")
-    _apply_recipe(p, argv)
+    cli.apply_recipe(p, argv, {"mujoco": MUJOCO_RECIPE})
     # fails here, with the usage line, for a mistyped or unsuitable env: before the imports below
     box_or_discrete = (spaces.Discrete, spaces.MultiDiscrete, spaces.Box)
     args, env = cli.parse(p, argv, box_or_discrete, "PPO")
     if args.squashed and not isinstance(env.action_space, spaces.Box):
         p.error(f"--squashed applies to Box action spaces; {args.env_id} has {env.action_space}")
     return args
-
-
-def _apply_recipe(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:
-    """Make the MuJoCo recipe the defaults when ``--recipe`` (or the env, under ``auto``) asks for it."""
-    known, _ = parser.parse_known_args(argv)
-    if known.recipe == "mujoco" or (known.recipe == "auto" and is_mujoco(known.env_id)):
-        parser.set_defaults(**MUJOCO_RECIPE)
 
 
 if __name__ == "__main__":
@@ -272,13 +258,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         agent = greedy_agent(module.actor, env)
         return agent if obs_norm is None else obs_norm.wrap_agent(agent)  # frozen statistics
 
-    def extra_summary() -> dict[str, Any]:
-        last = source.recent_episodes()[-10:]
-        return {
-            "rollouts": rollout.rollouts_collected,
-            "train_return_last10": float(np.mean([e.ret for e in last])) if last else float("nan"),
-        }
-
     # one Lightning epoch = one rollout; a sized loader also keeps Lightning from prefetching a stale batch
     loader = ptl_rl.to_dataloader(rollout, steps_per_epoch=rollout.batches_per_rollout)
     anneal = "lr and clip" if args.anneal_clip else "lr"
@@ -299,7 +278,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 "batch_size": args.num_envs * args.steps_per_env // args.num_minibatches,
                 "anneal_schedule": f"{anneal} linear to 0 over {num_rollouts} rollouts" if args.anneal else None,
             },
-            extra_summary=extra_summary,
+            extra_summary=lambda: {"rollouts": rollout.rollouts_collected},
             log_every=rollout.batches_per_rollout,  # once per rollout
         )
     )

@@ -46,12 +46,32 @@ from gymnasium import spaces
 
 from ptl_rl.examples import cli
 
-
 # ---------------------------------------------------------------------------- arguments
+#: defaults per recipe (--recipe; under 'auto' chosen by the env). An explicit flag still wins.
+RECIPES: dict[str, dict[str, Any]] = {
+    # CleanRL's sac_continuous_action.py. One actor step per critic step: CleanRL's policy_frequency=2 takes two
+    # actor steps every second env step, the same number
+    "mujoco": {"buffer_size": 1_000_000, "learning_starts": 5_000, "policy_lr": 3e-4, "q_lr": 1e-3,
+               "alpha_lr": 1e-3, "policy_frequency": 1, "batch_size": 256, "hidden": 256, "tau": 0.005,
+               "gamma": 0.99, "eval_every": 0, "solved_return": float("inf"), "final_eval_episodes": 10},
+    # the sparse reward: without temporally correlated noise the policy learns to stand still (docs/design/examples.md)
+    "MountainCarContinuous-v0": {"action_noise": "ou", "hidden": 64, "batch_size": 64, "eval_every": 4_000,
+                                 "eval_episodes": 2, "confirm_episodes": 4},
+}  # fmt: skip
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = cli.example_parser("sac", __doc__, default_env="Pendulum-v1", default_env_steps=20_000)
     p.set_defaults(eval_every=2_000, eval_episodes=10, log_every=500)
     a = p.add_argument_group("SAC")
+    a.add_argument(
+        "--recipe",
+        choices=["auto", "classic", *RECIPES],
+        default="auto",
+        help="defaults for the flags below: 'mujoco' (CleanRL's sac_continuous_action.py), an env id's own, "
+        "'classic' (those shown, tuned on Pendulum-v1); 'auto': mujoco for gymnasium's MuJoCo envs, the env's "
+        "own where there is one, else classic. Flags given explicitly override the recipe",
+    )
     a.add_argument("--gamma", type=float, default=0.99, help="discount factor")
     a.add_argument("--tau", type=float, default=0.005, help="Polyak rate of the target critics")
     a.add_argument("--batch-size", type=int, default=256, help="transitions per gradient step")
@@ -75,6 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     n.add_argument("--noise-std", type=float, default=0.6, help="standard deviation of the noise (stationary, for ou)")
     n.add_argument("--noise-theta", type=float, default=0.02, help="ou: mean reversion per env step, in (0, 1]")
+    cli.apply_recipe(p, argv, RECIPES)
     # fails here, with the usage line, for a mistyped or unsuitable env: before the imports below
     args = cli.parse(p, argv, (spaces.Box,), "SAC", solved_returns={"Pendulum-v1": -200.0})[0]
     if args.noise_std < 0 or not 0 < args.noise_theta <= 1:
