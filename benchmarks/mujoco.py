@@ -28,7 +28,9 @@ patches (each asserted to apply, see ``CLEANRL_PATCHES``) are:
   a reset step as a transition);
 * ``TransformObservation`` gets its new ``observation_space`` argument (``None``);
 * the episode statistics are read from gymnasium 1.x's ``final_info`` layout
-  (a dict of arrays with a ``_episode`` mask instead of a list of dicts).
+  (a dict of arrays with a ``_episode`` mask instead of a list of dicts);
+* SAC: the final observation of a truncated episode is ``info["final_obs"]``
+  (gymnasium 0.29 called it ``final_observation``).
 """
 
 from __future__ import annotations
@@ -72,7 +74,33 @@ _EPISODE_LOG_1X = """            if "final_info" in infos and "episode" in infos
                     writer.add_scalar("charts/episodic_return", _ep["r"][_i], global_step)
                     writer.add_scalar("charts/episodic_length", _ep["l"][_i], global_step)
 """
+_SAC_EPISODE_LOG = """        if "final_info" in infos:
+            for info in infos["final_info"]:
+                if info is not None:
+                    print(f"global_step={global_step}, episodic_return={info['episode']['r']}")
+                    writer.add_scalar("charts/episodic_return", info["episode"]["r"], global_step)
+                    writer.add_scalar("charts/episodic_length", info["episode"]["l"], global_step)
+                    break
+"""
+_SAC_EPISODE_LOG_1X = """        if "final_info" in infos and "episode" in infos["final_info"]:
+            _ep = infos["final_info"]["episode"]
+            for _i in infos["final_info"]["_episode"].nonzero()[0]:
+                print(f"global_step={global_step}, episodic_return={float(_ep['r'][_i])}")
+                writer.add_scalar("charts/episodic_return", _ep["r"][_i], global_step)
+                writer.add_scalar("charts/episodic_length", _ep["l"][_i], global_step)
+                break
+"""
 CLEANRL_PATCHES: dict[str, list[tuple[str, str]]] = {
+    "sac": [
+        ("import tyro\n", ""),
+        ("    args = tyro.cli(Args)\n", "    args = Args(**_OVERRIDES)\n"),
+        (
+            "for i in range(args.num_envs)]\n    )",
+            "for i in range(args.num_envs)],\n        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,\n    )",
+        ),
+        (_SAC_EPISODE_LOG, _SAC_EPISODE_LOG_1X),
+        ('infos["final_observation"][idx]', 'infos["final_obs"][idx]'),
+    ],
     "ppo": [
         ("import tyro\n", ""),
         ("    args = tyro.cli(Args)\n", "    args = Args(**_OVERRIDES)\n"),
@@ -104,6 +132,7 @@ def run_cleanrl_inline(path: str, algo: str, env_id: str, seed: int, env_steps: 
     import torch  # noqa: PLC0415 - only the child needs it
 
     torch.set_num_threads(1)
+    sys.path.insert(0, path)  # cleanrl_utils (the SAC file's replay buffer)
     code = patched_cleanrl(Path(path), algo)
     overrides = {"env_id": env_id, "seed": seed, "total_timesteps": env_steps, "cuda": False}
     namespace = {"__name__": "__main__", "__file__": str(Path(path) / "cleanrl" / CLEANRL_FILES[algo]),
