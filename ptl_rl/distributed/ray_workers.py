@@ -158,6 +158,8 @@ class RayWorkers(RemoteEpisodes):
         self._ready: deque[TransitionBatch] = deque()
         self._weights_ref: Any = None
         self._weights_version = -1
+        self._snapshot: dict[str, torch.Tensor] | None = None  # the weights of ``version``, copied when published
+        self._snapshot_version = -1
         self._restore_counters = False
         self._ray: Any = None
 
@@ -223,8 +225,11 @@ class RayWorkers(RemoteEpisodes):
 
     def _current_weights(self) -> Any:
         if self._weights_version != self.version:  # one object-store copy per version, shared by all actors
-            self._weights_ref = self._ray.put(weights_of(self.policy))
+            if self._snapshot_version != self.version:  # version 0 or a restored one: the module's weights now
+                self._snapshot, self._snapshot_version = weights_of(self.policy), self.version
+            self._weights_ref = self._ray.put(self._snapshot)
             self._weights_version = self.version
+            self._snapshot = None  # the object store holds them now
         return self._weights_ref
 
     def _restart(self, worker: int, error: BaseException) -> None:
@@ -250,12 +255,19 @@ class RayWorkers(RemoteEpisodes):
 
     # ------------------------------------------------------------------ weights
     def push_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None) -> int:
-        """Publish the policy's current weights as the next version (put in the object store at the next call)."""
+        """Publish the policy's current weights (after loading ``state_dict`` into it, if given) as the next version.
+
+        The weights are copied at once (to the CPU), so the rows stamped with
+        this version are chosen by exactly these weights, however the policy
+        changes before the actors' next calls; the copy goes into Ray's object
+        store at the first call that needs it. Returns the new version.
+        """
         if self.policy is None:
             raise RuntimeError("this RayWorkers has no policy to push; pass RayWorkers(factory, n, policy=module)")
         if state_dict is not None:
             self.policy.load_state_dict(state_dict)
         self.version += 1
+        self._snapshot, self._snapshot_version = weights_of(self.policy), self.version
         return self.version
 
     # ------------------------------------------------------------------ iteration
@@ -320,6 +332,7 @@ class RayWorkers(RemoteEpisodes):
         self.counters.load_state_dict(state["counters"])
         self.staleness.load_state_dict(state["staleness"])
         self._restore_counters = True
+        self._snapshot_version = self._weights_version = -1  # the restored version: the module's restored weights
 
     def __repr__(self) -> str:
         name = getattr(self.factory, "__name__", type(self.factory).__name__)

@@ -335,3 +335,52 @@ def test_a_message_read_from_an_exited_collector_is_delivered_first() -> None:
             next(source)
     finally:
         source._proc = None  # (nothing real to stop)
+
+
+def _acts_with_pushed_weights(source: AsyncSource, batches: int = 6) -> np.ndarray:
+    """The versions of ``batches`` batches, after checking that every row acted with the weights pushed as its version
+    (``check_rows``: action = code + shift, and the weights pushed as v have shift v)."""
+    rows = concat_rows([next(source) for _ in range(batches)])
+    check_rows(rows, n=1)
+    return np.unique(rows["policy_version"])
+
+
+def test_weights_pushed_while_no_collector_runs_are_the_ones_that_act() -> None:
+    """Whatever the source's state (not started, closed, crashed), rows of version v were chosen by the weights
+    pushed as v: not by the learner's module as it is when the next collector happens to start."""
+    policy = ShiftPolicy()
+    factory = functools.partial(scripted_collector, n=1, fail_at=40)  # incarnation 0 crashes; later ones run
+    source = AsyncSource(factory, policy=policy, queue_size=2)
+    try:
+        # before the first next(): push v1 (shift 1), then the learner trains on without pushing
+        _push(source, policy)
+        with torch.no_grad():
+            policy.shift.fill_(7)
+        assert _acts_with_pushed_weights(source, 2).tolist() == [1]
+        with pytest.raises(CollectorError, match="scripted failure"):
+            for _ in range(100):
+                next(source)
+        # after a crash: an explicit state_dict, while the module holds other weights
+        assert source.push_weights({"shift": torch.tensor(2.0)}) == 2
+        assert _acts_with_pushed_weights(source).tolist() == [2]
+        # after a close: the weights of the version last pushed while running, not the module's newer ones
+        _push(source, policy)
+        assert _acts_with_pushed_weights(source).max() == 3
+        source.close()
+        with torch.no_grad():
+            policy.shift.fill_(9)
+        assert _acts_with_pushed_weights(source).tolist() == [3]
+        source.close()
+        # after a close, pushed before the restart
+        assert source.push_weights({"shift": torch.tensor(4.0)}) == 4
+        assert _acts_with_pushed_weights(source).tolist() == [4]
+    finally:
+        source.close()
+    assert source.incarnation == 4 and float(policy.shift) == 9.0, "a push never changes the learner's module"
+
+
+def test_a_pushed_state_dict_that_does_not_fit_the_policy_is_a_clear_error() -> None:
+    source = AsyncSource(scripted_collector, policy=ShiftPolicy())
+    with pytest.raises(ValueError, match=r"missing \['shift'\].*state_dict\(\) of the policy"):
+        source.push_weights({"bias": torch.tensor(1.0)})
+    assert source.version == 0, "a refused push publishes no version"

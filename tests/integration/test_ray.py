@@ -98,3 +98,25 @@ def test_two_workers_killed_and_crashing_are_restarted_training_goes_on(ray_sess
     assert (rows["obs"][restarted, 1] >= 1000).all() and (rows["obs"][~restarted, 1] < 1000).all()
     assert rows["policy_version"][restarted].min() >= 1, "a restarted worker acts with the current weights"
     assert workers.total_steps >= len(buffer)
+
+
+def test_rows_of_a_version_act_with_the_weights_pushed_as_it(ray_session) -> None:
+    """The weights of version v are fixed at the push: optimizer steps between the push and the actors' next
+    call (here: before the first one, and across a restart) do not leak into rows stamped v."""
+    policy = ShiftPolicy()
+    workers = RayWorkers(functools.partial(scripted_collector, n=1), 1, policy=policy, steps_per_call=2)
+    try:
+        _push(workers, policy)  # v1 acts with shift 1
+        with torch.no_grad():
+            policy.shift.fill_(7)  # the learner trains on without pushing
+        first = concat_rows([next(workers) for _ in range(3)])
+        workers.close()  # a restart: new actor, same version
+        with torch.no_grad():
+            policy.shift.fill_(8)
+        second = concat_rows([next(workers) for _ in range(3)])
+    finally:
+        workers.close()
+    for rows in (first, second):
+        check_rows(rows, n=1)  # action = code + policy_version: the weights pushed as that version acted
+        assert (rows["policy_version"] == 1).all()
+    assert (second["env_id"] >= 3).all(), "the restarted actor is a new incarnation"
