@@ -384,3 +384,19 @@ def test_a_pushed_state_dict_that_does_not_fit_the_policy_is_a_clear_error() -> 
     with pytest.raises(ValueError, match=r"missing \['shift'\].*state_dict\(\) of the policy"):
         source.push_weights({"bias": torch.tensor(1.0)})
     assert source.version == 0, "a refused push publishes no version"
+
+
+def test_check_rows_follows_a_collector_past_any_number_of_episodes() -> None:
+    """The scripted collectors' episodes are defined for every episode number (a restart under load can let an env
+    run hundreds of episodes): rows far past the first 200 episodes are still checked, and a wrong one is caught."""
+    pipeline = scripted_collector(WorkerInfo(0, 0, 0, 1), n=3).pipeline
+    rows = concat_rows([next(pipeline) for _ in range(1_500)])
+    rows["policy_version"] = np.zeros(len(rows["action"]), np.int64)  # in-process: the factory's weights, shift 0
+    assert rows["obs"][:, 1].max() >= 250, "the run should pass the old 200-episode scripts"
+    check_rows(rows)
+    late = np.flatnonzero(rows["obs"][:, 1] >= 250)
+    for field in ("terminated", "reward"):
+        wrong = {k: v.copy() for k, v in rows.items()}
+        wrong[field][late[0]] = 1 - wrong[field][late[0]] if field == "terminated" else wrong[field][late[0]] + 1
+        with pytest.raises(AssertionError):
+            check_rows(wrong)
