@@ -41,6 +41,7 @@ from ptl_rl.distributed.common import (
     StalenessTracker,
     WorkerInfo,
     weights_of,
+    worker_rank,
 )
 from ptl_rl.distributed.shm_ring import RingReader, RingWriter
 from ptl_rl.ranks import distributed_rank
@@ -330,7 +331,7 @@ class AsyncSource(RemoteEpisodes):
         dist_rank, world_size = distributed_rank()
         rank = self.rank if world_size == 1 else dist_rank
         info = WorkerInfo(
-            rank=rank + world_size * self.incarnation,
+            rank=worker_rank(0, self.incarnation, 1, rank, world_size) if world_size > 1 else rank + self.incarnation,
             worker=rank,
             incarnation=self.incarnation,
             num_workers=world_size,

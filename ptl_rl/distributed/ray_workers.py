@@ -28,7 +28,9 @@ from ptl_rl.distributed.common import (
     StalenessTracker,
     WorkerInfo,
     weights_of,
+    worker_rank,
 )
+from ptl_rl.ranks import distributed_rank
 from ptl_rl.reprs import stage_repr
 from ptl_rl.source import Episode
 from ptl_rl.state import check_version, versioned
@@ -149,6 +151,7 @@ class RayWorkers(RemoteEpisodes):
         self.counters = EpisodeCounters(stats_window)
         self.version = 0
         self.rank = 0
+        self.world_size: int | None = None  # None: torch.distributed's when the actors start
         self.incarnations = [0] * self.num_workers
         self.restarts = 0
         self.failures: list[str] = []
@@ -178,6 +181,7 @@ class RayWorkers(RemoteEpisodes):
                 "Ray is not initialised: call ray.init(num_cpus=...) on a single machine, or "
                 "ray.init(address='auto') on a cluster node, before the first next() of RayWorkers"
             )
+        self._ddp_layout()  # a rank outside the world size is refused before any actor exists
         self.actors = [None] * self.num_workers
         self._actor_versions = [-1] * self.num_workers
         for worker in range(self.num_workers):
@@ -200,11 +204,24 @@ class RayWorkers(RemoteEpisodes):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def _ddp_layout(self) -> tuple[int, int]:
+        """``(rank, world_size)`` of this learner among the DDP ranks, checked."""
+        world_size = self.world_size if self.world_size is not None else distributed_rank()[1]
+        if not 0 <= self.rank < world_size:
+            raise ValueError(
+                f"RayWorkers has DDP rank {self.rank} but the world size is {world_size}, so its workers' env ids "
+                "and seeds could collide with another rank's; outside torch.distributed, give both: "
+                "set_rank(rank, world_size=...)"
+            )
+        return self.rank, world_size
+
     def _launch(self, worker: int) -> None:
+        incarnation = self.incarnations[worker]
         info = WorkerInfo(
-            rank=self.rank * self.num_workers + worker + self.num_workers * self.incarnations[worker],
+            # ranks interleave by world size: disjoint across DDP ranks, workers and any number of restarts
+            rank=worker_rank(worker, incarnation, self.num_workers, *self._ddp_layout()),
             worker=worker,
-            incarnation=self.incarnations[worker],
+            incarnation=incarnation,
             num_workers=self.num_workers,
         )
         # a fresh actor continues the learner's step count, so exploration schedules go on where they were
@@ -298,11 +315,23 @@ class RayWorkers(RemoteEpisodes):
             if len(batch):
                 self._ready.append(batch)
 
-    def set_rank(self, rank: int) -> None:
-        """Take the DDP rank: ranks get disjoint worker ranks (hence env ids and seeds)."""
-        if self.actors and int(rank) != self.rank:
+    def set_rank(self, rank: int, world_size: int | None = None) -> None:
+        """Take the DDP rank (the Lightning adapter calls it): DDP ranks get disjoint worker ranks.
+
+        Worker ``w`` in its ``i``-th incarnation gets the rank
+        ``rank + world_size * (w + num_workers * i)`` (``ptl_rl.distributed.common.worker_rank``),
+        hence its own env ids and seeds, whatever the number of restarts.
+        ``world_size``: the number of DDP ranks; ``None`` takes
+        ``torch.distributed``'s when the actors start (1 when it is not
+        initialised).
+        """
+        if world_size is not None and not 0 <= int(rank) < int(world_size):
+            raise ValueError(f"rank must be in [0, world_size): got rank {rank} of world size {world_size}")
+        if self.actors and (int(rank) != self.rank or world_size not in (None, self.world_size)):
             raise RuntimeError("this RayWorkers is already collecting; build the pipeline inside each DDP process")
         self.rank = int(rank)
+        if world_size is not None:
+            self.world_size = int(world_size)
 
     def staleness_stats(self) -> dict[str, float]:
         return {"policy_version": float(self.version), "restarts": float(self.restarts), **self.staleness.stats()}

@@ -23,6 +23,7 @@ from scripted_env import obs_code
 
 from ptl_rl import BatchSampler, ExperienceSource, ReplayBuffer, TransitionBatch, find_stage, to_dataloader
 from ptl_rl.distributed import AsyncSource, CollectorError, WorkerInfo
+from ptl_rl.distributed.common import worker_rank
 
 HERE = str(SUPPORT)  # the collectors' module, for processes that import it
 ROOT = str(REPO)
@@ -384,6 +385,21 @@ def test_a_pushed_state_dict_that_does_not_fit_the_policy_is_a_clear_error() -> 
     with pytest.raises(ValueError, match=r"missing \['shift'\].*state_dict\(\) of the policy"):
         source.push_weights({"bias": torch.tensor(1.0)})
     assert source.version == 0, "a refused push publishes no version"
+
+
+def test_worker_ranks_are_disjoint_across_ddp_ranks_workers_and_restarts() -> None:
+    """worker_rank is one-to-one on (DDP rank, worker, incarnation) for every world size and worker count, and a
+    single process keeps worker + num_workers * incarnation (what AsyncSource and one RayWorkers always had)."""
+    for world_size, num_workers in [(1, 1), (1, 3), (2, 1), (2, 2), (3, 2), (4, 3)]:
+        keys = [
+            (r, w, i) for r in range(world_size) for w in range(num_workers) for i in range(6)
+        ]  # six incarnations: more restarts than workers or ranks
+        ranks = [worker_rank(w, i, num_workers, r, world_size) for r, w, i in keys]
+        assert len(set(ranks)) == len(keys), (world_size, num_workers)
+        assert all(rank % world_size == r for rank, (r, _, _) in zip(ranks, keys, strict=True)), "a rank owns a class"
+    assert [worker_rank(w, i, 3) for i in range(2) for w in range(3)] == list(range(6))
+    with pytest.raises(ValueError, match="DDP rank must be in"):
+        worker_rank(0, 0, 2, ddp_rank=2, world_size=2)
 
 
 def test_check_rows_follows_a_collector_past_any_number_of_episodes() -> None:
