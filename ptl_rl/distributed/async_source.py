@@ -41,6 +41,7 @@ from ptl_rl.distributed.common import (
     StalenessTracker,
     WorkerInfo,
     weights_of,
+    worker_rank,
 )
 from ptl_rl.distributed.shm_ring import RingReader, RingWriter
 from ptl_rl.ranks import distributed_rank
@@ -308,6 +309,7 @@ class AsyncSource(RemoteEpisodes):
         self._weights: dict[str, torch.Tensor] | None = None
         self._version_value: Any = None
         self._lock: Any = None
+        self._published: int | None = None  # the version whose weights the shared copy holds
         self._first_batch_seen = False
         self._stashed: tuple | None = None  # a message read while checking on a collector that had exited
 
@@ -329,18 +331,17 @@ class AsyncSource(RemoteEpisodes):
         dist_rank, world_size = distributed_rank()
         rank = self.rank if world_size == 1 else dist_rank
         info = WorkerInfo(
-            rank=rank + world_size * self.incarnation,
+            rank=worker_rank(0, self.incarnation, 1, rank, world_size) if world_size > 1 else rank + self.incarnation,
             worker=rank,
             incarnation=self.incarnation,
             num_workers=world_size,
         )
-        if self.policy is not None and self._weights is None:
-            # one shared copy, written in place at every push: no queue of weight snapshots grows behind a slow child
-            self._weights = {k: v.clone().share_memory_() for k, v in weights_of(self.policy).items()}
-            self._version_value = self._ctx.Value("q", self.version, lock=False)
+        if self.policy is not None:
+            self._share_weights()
+            # a lock per process: one killed while copying the weights would leave its lock held for good
             self._lock = self._ctx.Lock()
-        if self._weights is not None:
-            self._write_weights(weights_of(self.policy), self.version)
+            if self._published != self.version:  # version 0, or a restored one: the module's weights as they are now
+                self._write_weights(weights_of(self.policy), self.version)
         counters = (self.counters.total_steps, self.counters.episodes_finished) if self._restore_counters else None
         if self.shared_memory_mb is not None:
             if self._ring is None:  # allocated once, reused by every incarnation (each starts at position 0)
@@ -399,28 +400,64 @@ class AsyncSource(RemoteEpisodes):
     def push_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None) -> int:
         """Publish new weights (default: ``policy``'s current ones) as the next version; returns that version.
 
-        The collector picks them up before its next env step. Cheap: one
-        in-place copy into shared memory, whatever the collector is doing.
+        Args:
+            state_dict: the weights to publish, with the keys (and shapes) of
+                ``policy.state_dict()``; ``None``: the policy's weights now.
+
+        The weights are copied at once into the shared copy the collector
+        reads, whatever its state (not started yet, running, closed or
+        crashed): the rows stamped with this version are chosen by exactly
+        these weights, also when the collector starts (or restarts) later
+        and the policy has changed in between. The collector picks them up
+        before its next env step. Cheap: one in-place copy into shared memory.
+        The learner's ``policy`` module itself is not changed.
         """
         if self.policy is None:
             raise RuntimeError("this AsyncSource has no policy to push; pass AsyncSource(factory, policy=module)")
+        self._share_weights()
+        state = state_dict if state_dict is not None else self.policy.state_dict()
+        self._check_fits(state)
         self.version += 1
-        if self._weights is not None and self.running:
-            self._write_weights(state_dict if state_dict is not None else self.policy.state_dict(), self.version)
-        return self.version  # a process started later writes the current weights at its start
+        self._write_weights(state, self.version)
+        return self.version
+
+    def _share_weights(self) -> None:
+        """Allocate the shared copy of the weights once: written in place at every push, so no queue of weight
+        snapshots grows behind a slow child."""
+        if self._weights is None:
+            self._weights = {k: v.clone().share_memory_() for k, v in weights_of(self.policy).items()}
+            self._version_value = self._ctx.Value("q", self.version, lock=False)
+
+    def _check_fits(self, state: Mapping[str, torch.Tensor]) -> None:
+        assert self._weights is not None
+        missing = sorted(set(self._weights) - set(state))
+        wrong = [k for k in self._weights if k in state and tuple(state[k].shape) != tuple(self._weights[k].shape)]
+        if missing or wrong:
+            raise ValueError(
+                f"the pushed weights do not fit the policy (missing {missing}, other shapes for {wrong}); "
+                "push a state_dict() of the policy module given to AsyncSource(policy=...), or None for its own"
+            )
 
     def _write_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         assert self._weights is not None
+        if not self.running:  # no reader: nothing to wait for (a dead collector may even have left the lock held)
+            self._copy_weights(state_dict, version)
+            return
         if not self._lock.acquire(timeout=10.0):
             self._raise_if_dead()
             raise CollectorError("the collector holds the weights lock for more than 10 s; it is stuck")
         try:
-            with torch.no_grad():
-                for name, tensor in self._weights.items():
-                    tensor.copy_(state_dict[name])
-            self._version_value.value = int(version)
+            self._copy_weights(state_dict, version)
         finally:
             self._lock.release()
+
+    def _copy_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        assert self._weights is not None
+        with torch.no_grad():
+            for name, tensor in self._weights.items():
+                tensor.copy_(state_dict[name])
+        self._version_value.value = int(version)
+        self._published = int(version)
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> AsyncSource:
@@ -527,6 +564,7 @@ class AsyncSource(RemoteEpisodes):
         self.counters.load_state_dict(state["counters"])
         self.staleness.load_state_dict(state["staleness"])
         self._restore_counters = True
+        self._published = None  # the restored version acts with the module's (restored) weights at the next start
 
     def __repr__(self) -> str:
         name = getattr(self.factory, "__name__", type(self.factory).__name__)

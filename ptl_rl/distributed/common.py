@@ -26,10 +26,11 @@ class WorkerInfo(NamedTuple):
 
     Attributes:
         rank: pass it as ``ExperienceSource(..., rank=info.rank)``: it offsets
-            the env seeds and ``env_id``. It is distinct for every worker *and*
-            every restart of a worker (``worker + num_workers * incarnation``),
-            so a restarted worker is seeded afresh and its episodes never share
-            an ``env_id`` with the episodes its predecessor left unfinished.
+            the env seeds and ``env_id``. It is distinct for every worker,
+            every restart of a worker and every DDP rank (see
+            ``ptl_rl.distributed.common.worker_rank``), so a restarted worker is seeded afresh and
+            its episodes never share an ``env_id`` with the episodes its
+            predecessor left unfinished, nor with another DDP rank's workers.
         worker: index of the worker, ``0 .. num_workers - 1``.
         incarnation: how many times this worker was (re)started before, 0 at first.
         num_workers: how many workers there are.
@@ -39,6 +40,25 @@ class WorkerInfo(NamedTuple):
     worker: int
     incarnation: int
     num_workers: int
+
+
+def worker_rank(worker: int, incarnation: int, num_workers: int, ddp_rank: int = 0, world_size: int = 1) -> int:
+    """The rank (of env seeds and ``env_id``) of one incarnation of one worker of one DDP rank.
+
+    ``ddp_rank + world_size * (worker + num_workers * incarnation)``: the DDP
+    ranks interleave, each owning the ranks congruent to it modulo
+    ``world_size``, and within a DDP rank the incarnations follow each other
+    in blocks of ``num_workers``. So ranks are disjoint across DDP ranks,
+    workers and incarnations, with no bound on the number of restarts, and a
+    single process (``world_size`` 1) gets ``worker + num_workers * incarnation``.
+    """
+    if not 0 <= ddp_rank < world_size:
+        raise ValueError(f"the DDP rank must be in [0, world_size = {world_size}), got {ddp_rank}")
+    if not 0 <= worker < num_workers or incarnation < 0:
+        raise ValueError(
+            f"need 0 <= worker < num_workers = {num_workers} and incarnation >= 0, got {worker}, {incarnation}"
+        )
+    return int(ddp_rank) + int(world_size) * (int(worker) + int(num_workers) * int(incarnation))
 
 
 class Collector(NamedTuple):

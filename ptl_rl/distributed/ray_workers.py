@@ -28,7 +28,9 @@ from ptl_rl.distributed.common import (
     StalenessTracker,
     WorkerInfo,
     weights_of,
+    worker_rank,
 )
+from ptl_rl.ranks import distributed_rank
 from ptl_rl.reprs import stage_repr
 from ptl_rl.source import Episode
 from ptl_rl.state import check_version, versioned
@@ -149,6 +151,7 @@ class RayWorkers(RemoteEpisodes):
         self.counters = EpisodeCounters(stats_window)
         self.version = 0
         self.rank = 0
+        self.world_size: int | None = None  # None: torch.distributed's when the actors start
         self.incarnations = [0] * self.num_workers
         self.restarts = 0
         self.failures: list[str] = []
@@ -158,6 +161,8 @@ class RayWorkers(RemoteEpisodes):
         self._ready: deque[TransitionBatch] = deque()
         self._weights_ref: Any = None
         self._weights_version = -1
+        self._snapshot: dict[str, torch.Tensor] | None = None  # the weights of ``version``, copied when published
+        self._snapshot_version = -1
         self._restore_counters = False
         self._ray: Any = None
 
@@ -176,6 +181,7 @@ class RayWorkers(RemoteEpisodes):
                 "Ray is not initialised: call ray.init(num_cpus=...) on a single machine, or "
                 "ray.init(address='auto') on a cluster node, before the first next() of RayWorkers"
             )
+        self._ddp_layout()  # a rank outside the world size is refused before any actor exists
         self.actors = [None] * self.num_workers
         self._actor_versions = [-1] * self.num_workers
         for worker in range(self.num_workers):
@@ -198,11 +204,24 @@ class RayWorkers(RemoteEpisodes):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def _ddp_layout(self) -> tuple[int, int]:
+        """``(rank, world_size)`` of this learner among the DDP ranks, checked."""
+        world_size = self.world_size if self.world_size is not None else distributed_rank()[1]
+        if not 0 <= self.rank < world_size:
+            raise ValueError(
+                f"RayWorkers has DDP rank {self.rank} but the world size is {world_size}, so its workers' env ids "
+                "and seeds could collide with another rank's; outside torch.distributed, give both: "
+                "set_rank(rank, world_size=...)"
+            )
+        return self.rank, world_size
+
     def _launch(self, worker: int) -> None:
+        incarnation = self.incarnations[worker]
         info = WorkerInfo(
-            rank=self.rank * self.num_workers + worker + self.num_workers * self.incarnations[worker],
+            # ranks interleave by world size: disjoint across DDP ranks, workers and any number of restarts
+            rank=worker_rank(worker, incarnation, self.num_workers, *self._ddp_layout()),
             worker=worker,
-            incarnation=self.incarnations[worker],
+            incarnation=incarnation,
             num_workers=self.num_workers,
         )
         # a fresh actor continues the learner's step count, so exploration schedules go on where they were
@@ -223,8 +242,11 @@ class RayWorkers(RemoteEpisodes):
 
     def _current_weights(self) -> Any:
         if self._weights_version != self.version:  # one object-store copy per version, shared by all actors
-            self._weights_ref = self._ray.put(weights_of(self.policy))
+            if self._snapshot_version != self.version:  # version 0 or a restored one: the module's weights now
+                self._snapshot, self._snapshot_version = weights_of(self.policy), self.version
+            self._weights_ref = self._ray.put(self._snapshot)
             self._weights_version = self.version
+            self._snapshot = None  # the object store holds them now
         return self._weights_ref
 
     def _restart(self, worker: int, error: BaseException) -> None:
@@ -250,12 +272,19 @@ class RayWorkers(RemoteEpisodes):
 
     # ------------------------------------------------------------------ weights
     def push_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None) -> int:
-        """Publish the policy's current weights as the next version (put in the object store at the next call)."""
+        """Publish the policy's current weights (after loading ``state_dict`` into it, if given) as the next version.
+
+        The weights are copied at once (to the CPU), so the rows stamped with
+        this version are chosen by exactly these weights, however the policy
+        changes before the actors' next calls; the copy goes into Ray's object
+        store at the first call that needs it. Returns the new version.
+        """
         if self.policy is None:
             raise RuntimeError("this RayWorkers has no policy to push; pass RayWorkers(factory, n, policy=module)")
         if state_dict is not None:
             self.policy.load_state_dict(state_dict)
         self.version += 1
+        self._snapshot, self._snapshot_version = weights_of(self.policy), self.version
         return self.version
 
     # ------------------------------------------------------------------ iteration
@@ -286,11 +315,23 @@ class RayWorkers(RemoteEpisodes):
             if len(batch):
                 self._ready.append(batch)
 
-    def set_rank(self, rank: int) -> None:
-        """Take the DDP rank: ranks get disjoint worker ranks (hence env ids and seeds)."""
-        if self.actors and int(rank) != self.rank:
+    def set_rank(self, rank: int, world_size: int | None = None) -> None:
+        """Take the DDP rank (the Lightning adapter calls it): DDP ranks get disjoint worker ranks.
+
+        Worker ``w`` in its ``i``-th incarnation gets the rank
+        ``rank + world_size * (w + num_workers * i)`` (``ptl_rl.distributed.common.worker_rank``),
+        hence its own env ids and seeds, whatever the number of restarts.
+        ``world_size``: the number of DDP ranks; ``None`` takes
+        ``torch.distributed``'s when the actors start (1 when it is not
+        initialised).
+        """
+        if world_size is not None and not 0 <= int(rank) < int(world_size):
+            raise ValueError(f"rank must be in [0, world_size): got rank {rank} of world size {world_size}")
+        if self.actors and (int(rank) != self.rank or world_size not in (None, self.world_size)):
             raise RuntimeError("this RayWorkers is already collecting; build the pipeline inside each DDP process")
         self.rank = int(rank)
+        if world_size is not None:
+            self.world_size = int(world_size)
 
     def staleness_stats(self) -> dict[str, float]:
         return {"policy_version": float(self.version), "restarts": float(self.restarts), **self.staleness.stats()}
@@ -320,6 +361,7 @@ class RayWorkers(RemoteEpisodes):
         self.counters.load_state_dict(state["counters"])
         self.staleness.load_state_dict(state["staleness"])
         self._restore_counters = True
+        self._snapshot_version = self._weights_version = -1  # the restored version: the module's restored weights
 
     def __repr__(self) -> str:
         name = getattr(self.factory, "__name__", type(self.factory).__name__)

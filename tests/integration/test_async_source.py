@@ -23,6 +23,7 @@ from scripted_env import obs_code
 
 from ptl_rl import BatchSampler, ExperienceSource, ReplayBuffer, TransitionBatch, find_stage, to_dataloader
 from ptl_rl.distributed import AsyncSource, CollectorError, WorkerInfo
+from ptl_rl.distributed.common import worker_rank
 
 HERE = str(SUPPORT)  # the collectors' module, for processes that import it
 ROOT = str(REPO)
@@ -335,3 +336,83 @@ def test_a_message_read_from_an_exited_collector_is_delivered_first() -> None:
             next(source)
     finally:
         source._proc = None  # (nothing real to stop)
+
+
+def _acts_with_pushed_weights(source: AsyncSource, batches: int = 6) -> np.ndarray:
+    """The versions of ``batches`` batches, after checking that every row acted with the weights pushed as its version
+    (``check_rows``: action = code + shift, and the weights pushed as v have shift v)."""
+    rows = concat_rows([next(source) for _ in range(batches)])
+    check_rows(rows, n=1)
+    return np.unique(rows["policy_version"])
+
+
+def test_weights_pushed_while_no_collector_runs_are_the_ones_that_act() -> None:
+    """Whatever the source's state (not started, closed, crashed), rows of version v were chosen by the weights
+    pushed as v: not by the learner's module as it is when the next collector happens to start."""
+    policy = ShiftPolicy()
+    factory = functools.partial(scripted_collector, n=1, fail_at=40)  # incarnation 0 crashes; later ones run
+    source = AsyncSource(factory, policy=policy, queue_size=2)
+    try:
+        # before the first next(): push v1 (shift 1), then the learner trains on without pushing
+        _push(source, policy)
+        with torch.no_grad():
+            policy.shift.fill_(7)
+        assert _acts_with_pushed_weights(source, 2).tolist() == [1]
+        with pytest.raises(CollectorError, match="scripted failure"):
+            for _ in range(100):
+                next(source)
+        # after a crash: an explicit state_dict, while the module holds other weights
+        assert source.push_weights({"shift": torch.tensor(2.0)}) == 2
+        assert _acts_with_pushed_weights(source).tolist() == [2]
+        # after a close: the weights of the version last pushed while running, not the module's newer ones
+        _push(source, policy)
+        assert _acts_with_pushed_weights(source).max() == 3
+        source.close()
+        with torch.no_grad():
+            policy.shift.fill_(9)
+        assert _acts_with_pushed_weights(source).tolist() == [3]
+        source.close()
+        # after a close, pushed before the restart
+        assert source.push_weights({"shift": torch.tensor(4.0)}) == 4
+        assert _acts_with_pushed_weights(source).tolist() == [4]
+    finally:
+        source.close()
+    assert source.incarnation == 4 and float(policy.shift) == 9.0, "a push never changes the learner's module"
+
+
+def test_a_pushed_state_dict_that_does_not_fit_the_policy_is_a_clear_error() -> None:
+    source = AsyncSource(scripted_collector, policy=ShiftPolicy())
+    with pytest.raises(ValueError, match=r"missing \['shift'\].*state_dict\(\) of the policy"):
+        source.push_weights({"bias": torch.tensor(1.0)})
+    assert source.version == 0, "a refused push publishes no version"
+
+
+def test_worker_ranks_are_disjoint_across_ddp_ranks_workers_and_restarts() -> None:
+    """worker_rank is one-to-one on (DDP rank, worker, incarnation) for every world size and worker count, and a
+    single process keeps worker + num_workers * incarnation (what AsyncSource and one RayWorkers always had)."""
+    for world_size, num_workers in [(1, 1), (1, 3), (2, 1), (2, 2), (3, 2), (4, 3)]:
+        keys = [
+            (r, w, i) for r in range(world_size) for w in range(num_workers) for i in range(6)
+        ]  # six incarnations: more restarts than workers or ranks
+        ranks = [worker_rank(w, i, num_workers, r, world_size) for r, w, i in keys]
+        assert len(set(ranks)) == len(keys), (world_size, num_workers)
+        assert all(rank % world_size == r for rank, (r, _, _) in zip(ranks, keys, strict=True)), "a rank owns a class"
+    assert [worker_rank(w, i, 3) for i in range(2) for w in range(3)] == list(range(6))
+    with pytest.raises(ValueError, match="DDP rank must be in"):
+        worker_rank(0, 0, 2, ddp_rank=2, world_size=2)
+
+
+def test_check_rows_follows_a_collector_past_any_number_of_episodes() -> None:
+    """The scripted collectors' episodes are defined for every episode number (a restart under load can let an env
+    run hundreds of episodes): rows far past the first 200 episodes are still checked, and a wrong one is caught."""
+    pipeline = scripted_collector(WorkerInfo(0, 0, 0, 1), n=3).pipeline
+    rows = concat_rows([next(pipeline) for _ in range(1_500)])
+    rows["policy_version"] = np.zeros(len(rows["action"]), np.int64)  # in-process: the factory's weights, shift 0
+    assert rows["obs"][:, 1].max() >= 250, "the run should pass the old 200-episode scripts"
+    check_rows(rows)
+    late = np.flatnonzero(rows["obs"][:, 1] >= 250)
+    for field in ("terminated", "reward"):
+        wrong = {k: v.copy() for k, v in rows.items()}
+        wrong[field][late[0]] = 1 - wrong[field][late[0]] if field == "terminated" else wrong[field][late[0]] + 1
+        with pytest.raises(AssertionError):
+            check_rows(wrong)

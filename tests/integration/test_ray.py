@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
 import torch
-from collectors import ShiftPolicy, check_rows, concat_rows, scripted_collector
+from collectors import EPISODE_STRIDE, ShiftPolicy, check_rows, concat_rows, scripted_collector
 from paths import REPO, SUPPORT
 
 from ptl_rl import BatchSampler, ReplayBuffer
@@ -98,3 +99,86 @@ def test_two_workers_killed_and_crashing_are_restarted_training_goes_on(ray_sess
     assert (rows["obs"][restarted, 1] >= 1000).all() and (rows["obs"][~restarted, 1] < 1000).all()
     assert rows["policy_version"][restarted].min() >= 1, "a restarted worker acts with the current weights"
     assert workers.total_steps >= len(buffer)
+
+
+def test_rows_of_a_version_act_with_the_weights_pushed_as_it(ray_session) -> None:
+    """The weights of version v are fixed at the push: optimizer steps between the push and the actors' next
+    call (here: before the first one, and across a restart) do not leak into rows stamped v."""
+    policy = ShiftPolicy()
+    workers = RayWorkers(functools.partial(scripted_collector, n=1), 1, policy=policy, steps_per_call=2)
+    try:
+        _push(workers, policy)  # v1 acts with shift 1
+        with torch.no_grad():
+            policy.shift.fill_(7)  # the learner trains on without pushing
+        first = concat_rows([next(workers) for _ in range(3)])
+        workers.close()  # a restart: new actor, same version
+        with torch.no_grad():
+            policy.shift.fill_(8)
+        second = concat_rows([next(workers) for _ in range(3)])
+    finally:
+        workers.close()
+    for rows in (first, second):
+        check_rows(rows, n=1)  # action = code + policy_version: the weights pushed as that version acted
+        assert (rows["policy_version"] == 1).all()
+    assert (second["env_id"] >= 3).all(), "the restarted actor is a new incarnation"
+
+
+def _collect_until_restarted(ranks: list[RayWorkers], num_envs: int = 3) -> list[dict[str, np.ndarray]]:
+    """Step the stages of both (simulated) DDP ranks in turn; kill each one's worker 0 once both its workers
+    delivered, and stop when its restarted worker delivered too. Returns every row each rank received.
+
+    Waits for data, not a number of steps: a restarted actor imports torch, seconds on a loaded machine, while
+    the other worker goes on delivering (the pause per round keeps what it delivers meanwhile small)."""
+    got: list[list] = [[] for _ in ranks]
+    seen: list[set[int]] = [set() for _ in ranks]
+    killed = [False] * len(ranks)
+    deadline = time.monotonic() + 300.0
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        for r, workers in enumerate(ranks):
+            if killed[r] and workers.incarnations[0] == 1 and len(seen[r]) == 3:
+                continue  # this rank is done
+            batch = next(workers)
+            got[r].append(batch)
+            seen[r] |= set((np.asarray(batch["env_id"]) // num_envs).tolist())
+            if not killed[r] and len(seen[r]) == 2:
+                ray.kill(workers.actors[0], no_restart=True)
+                killed[r] = True
+        if all(killed) and all(len(s) == 3 for s in seen):
+            return [concat_rows(rows) for rows in got]
+    raise AssertionError(f"worker ranks seen: {seen}; failures: {[w.failures for w in ranks]}")
+
+
+def test_workers_of_two_ddp_ranks_and_their_restarts_never_share_env_ids(ray_session) -> None:
+    """Two DDP ranks (simulated: set_rank with the world size) with 2 workers each; worker 0 of each is killed and
+    restarted. Every incarnation of every worker of every rank has its own worker rank, so its own env ids and
+    seeds: rank r, worker w, incarnation i has rank r + 2 * (w + 2 * i)."""
+    policy = ShiftPolicy()
+    factory = functools.partial(scripted_collector, n=1)
+    ranks = [RayWorkers(factory, 2, policy=policy, steps_per_call=2, actor_options={"num_cpus": 0.5}) for _ in range(2)]
+    for r, workers in enumerate(ranks):
+        workers.set_rank(r, world_size=2)
+    with pytest.warns(RuntimeWarning, match="restarting it"):
+        try:
+            rows = _collect_until_restarted(ranks)
+        finally:
+            for workers in ranks:
+                workers.close()
+    expected = [{r + 2 * (w + 2 * i) for w, i in ((0, 0), (1, 0), (0, 1))} for r in range(2)]
+    for r in range(2):
+        check_rows(rows[r], n=1)
+        assert set((rows[r]["env_id"] // 3).tolist()) == expected[r]
+    assert not set(rows[0]["env_id"].tolist()) & set(rows[1]["env_id"].tolist()), "two ranks share env ids"
+    for r in range(2):  # worker 0, incarnation 1 of each rank plays new episodes
+        restarted = rows[r]["env_id"] // 3 == r + 4
+        assert restarted.any() and (rows[r]["obs"][restarted, 1] >= EPISODE_STRIDE).all()
+
+
+def test_a_rank_outside_the_world_size_is_refused_naming_the_fix(ray_session) -> None:
+    workers = RayWorkers(scripted_collector, 2)
+    with pytest.raises(ValueError, match=r"rank must be in \[0, world_size\)"):
+        workers.set_rank(2, world_size=2)
+    workers.set_rank(1)  # no torch.distributed here: world size 1
+    with pytest.raises(ValueError, match=r"DDP rank 1 but the world size is 1.*set_rank\(rank, world_size=...\)"):
+        next(workers)
+    assert not workers.running, "no actor was started"

@@ -14,6 +14,7 @@ weight, which the learner sets to the version number it pushes.
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,7 @@ from ptl_rl import ExperienceSource, NStepTransform
 from ptl_rl.distributed import Collector, WorkerInfo
 
 EPISODE_STRIDE = 1000  # incarnation k of a worker numbers its episodes from k * EPISODE_STRIDE
+# (the tests run each incarnation for well under 1000 episodes: a few thousand env steps at most)
 
 
 def code_reward(code: np.ndarray) -> np.ndarray:
@@ -46,14 +48,21 @@ class _CodeRewards:
 
 
 class CodeRewardEnv(ScriptedEnv):
-    """A ScriptedEnv whose rewards are :func:`code_reward`; it can be told to fail, or to cost time per step."""
+    """A ScriptedEnv whose rewards are :func:`code_reward` and whose episodes follow :func:`episode_script` by
+    episode number, endlessly; it can be told to fail, or to cost time per step."""
 
-    def __init__(self, *args: Any, fail_at: int | None = None, step_sleep: float = 0.0, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self, index: int, *args: Any, fail_at: int | None = None, step_sleep: float = 0.0, **kwargs: Any
+    ) -> None:
+        super().__init__(index, (), *args, **kwargs)
+        self.episodes = EndlessScript(index)  # (ScriptedEnv copies a script into a list: this one has no end)
         self._reward_rng = _CodeRewards(self)
         self.fail_at = fail_at
         self.step_sleep = step_sleep
         self.steps = 0
+
+    def _script_index(self) -> int:
+        return self._episode  # the script is indexed by the episode number itself, whatever the first one is
 
     def step(self, action: Any) -> Any:
         self.steps += 1
@@ -94,10 +103,32 @@ class PaddedShiftAgent(ShiftAgent):
         return super().__call__(obs), {"pad": np.repeat(code[:, None], PAD, axis=1)}
 
 
-def layouts_for(num_envs: int, episodes: int = 200) -> list[list[tuple[int, str]]]:
-    """Episode scripts of varied lengths and end kinds, different per env."""
-    kinds = (TERM, TRUNC, BOTH)
-    return [[(2 + (3 * i + 5 * k) % 7, kinds[(i + k) % 3]) for k in range(episodes)] for i in range(num_envs)]
+KINDS = (TERM, TRUNC, BOTH)
+
+
+def episode_script(env: Any, episode: Any) -> tuple[Any, Any]:
+    """``(length, kind index into KINDS)`` of episode number ``episode`` of env ``env`` (ints or int arrays).
+
+    A pure function of the two numbers, defined for every episode: however far a
+    collector runs (restarts under load let one run thousands of episodes), its
+    episodes and the checker's idea of them cannot run out or disagree.
+    """
+    env, episode = np.asarray(env, dtype=np.int64), np.asarray(episode, dtype=np.int64)
+    return 2 + (3 * env + 5 * episode) % 7, (env + episode) % 3
+
+
+class EndlessScript(Sequence):
+    """The script of one env as a sequence indexed by episode number, endless: ``script[e] = (length, kind)``."""
+
+    def __init__(self, env: int) -> None:
+        self.env = int(env)
+
+    def __len__(self) -> int:
+        return sys.maxsize
+
+    def __getitem__(self, episode: int) -> tuple[int, str]:  # type: ignore[override]
+        length, kind = episode_script(self.env, episode)
+        return int(length), KINDS[int(kind)]
 
 
 def scripted_collector(
@@ -123,12 +154,11 @@ def scripted_collector(
         functools.partial(
             CodeRewardEnv,
             i,
-            layout,
             first_episode=EPISODE_STRIDE * info.incarnation,
             fail_at=fail,
             step_sleep=step_sleep,
         )
-        for i, layout in enumerate(layouts_for(num_envs))
+        for i in range(num_envs)
     ]
     env = gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode(mode))
     policy = ShiftPolicy()
@@ -155,7 +185,7 @@ def flood_collector(info: WorkerInfo, *, rows: int = 64, row_bytes: int = 65_536
     """Sends ``rows`` rows of ``row_bytes`` each (4 MiB by default) per batch, with no env work in between."""
     from ptl_rl import TransitionBatch  # noqa: PLC0415
 
-    env = gym.vector.SyncVectorEnv([functools.partial(CodeRewardEnv, 0, layouts_for(1)[0])])
+    env = gym.vector.SyncVectorEnv([functools.partial(CodeRewardEnv, 0)])
     source = ExperienceSource(env, lambda obs: np.zeros(len(obs), np.int64), rank=info.rank)
     obs = np.zeros((rows, row_bytes), np.uint8)
     batch = TransitionBatch(
@@ -186,14 +216,12 @@ def check_rows(rows: dict[str, Any], *, num_envs: int = 3, n: int = 3, gamma: fl
         term = code_reward(obs_code(np.stack([i, e, s + j], axis=1))).astype(np.float64)
         expected_reward += np.where(j < k, gamma**j * term, 0.0)
     np.testing.assert_allclose(np.asarray(rows["reward"], dtype=np.float64), expected_reward, rtol=1e-5, atol=1e-5)
-    layouts = layouts_for(num_envs)
-    length = np.array([layouts[a][b % EPISODE_STRIDE][0] for a, b in zip(i.tolist(), e.tolist(), strict=True)])
-    kind = [layouts[a][b % EPISODE_STRIDE][1] for a, b in zip(i.tolist(), e.tolist(), strict=True)]
+    length, kind = episode_script(i, e)
     ends = s + k == length
     assert (s + k <= length).all(), "a window runs past its episode's end"
     assert (ends | (k == n)).all(), "a short window that is not at an episode end"
-    np.testing.assert_array_equal(rows["terminated"], ends & np.isin(kind, (TERM, BOTH)))
-    np.testing.assert_array_equal(rows["truncated"], ends & np.isin(kind, (TRUNC, BOTH)))
+    np.testing.assert_array_equal(rows["terminated"], ends & np.isin(kind, (KINDS.index(TERM), KINDS.index(BOTH))))
+    np.testing.assert_array_equal(rows["truncated"], ends & np.isin(kind, (KINDS.index(TRUNC), KINDS.index(BOTH))))
     version = np.asarray(rows["policy_version"])
     np.testing.assert_array_equal(np.asarray(rows["action"]), (obs_code(obs) + version) % NUM_ACTIONS)
 
