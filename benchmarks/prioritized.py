@@ -7,10 +7,14 @@ processes hits every implementation alike:
   learner's path: ``batch = buffer.sample(256)`` then ``batch.update_priorities(td)``.
 * ``cpprb``: cpprb's ``PrioritizedReplayBuffer`` (C++ segment tree), skipped when
   cpprb is not installed (``pip install cpprb``).
+* ``tianshou``: Tianshou's ``PrioritizedReplayBuffer`` (numpy segment tree),
+  ``batch, indices = buffer.sample(256)`` then ``buffer.update_weight(indices, td)``;
+  filled as its own ``ReplayBuffer.from_data`` does (``set_batch``: adding 100k
+  rows one by one takes minutes); skipped when Tianshou is not installed.
 * ``numpy``: the plain numpy implementation without a tree: a cumulative sum
   over all priorities and ``searchsorted`` per sample, O(N) per batch.
 
-All three store the same fields (obs [4] f32, action i64, reward f32,
+All of them store the same fields (obs [4] f32, action i64, reward f32,
 next_obs [4] f32, terminated, truncated, discount f32, env_id i64), return
 them with the sampled slots and importance weights, and take |td| + eps as the
 new priority with alpha = 0.6, beta = 0.4.
@@ -87,6 +91,35 @@ def make_cpprb(size: int, batch: int, rng: np.random.Generator) -> Callable[[], 
     return step
 
 
+def make_tianshou(size: int, batch: int, rng: np.random.Generator) -> Callable[[], None] | None:
+    try:
+        from tianshou.data import Batch, PrioritizedReplayBuffer
+    except ImportError:
+        return None
+    rows = cartpole_rows(size, rng)
+    buffer = PrioritizedReplayBuffer(size, alpha=ALPHA, beta=BETA)
+    data = Batch(
+        obs=rows["obs"],
+        act=rows["action"],
+        rew=rows["reward"],
+        terminated=rows["terminated"],
+        truncated=rows["truncated"],
+        done=rows["terminated"] | rows["truncated"],
+        obs_next=rows["next_obs"],
+        info=Batch(discount=rows["discount"], env_id=rows["env_id"]),
+    )
+    buffer.set_batch(data)
+    buffer._size = size  # what Tianshou's ReplayBuffer.from_data does after set_batch
+    buffer.update_weight(np.arange(size), rng.exponential(size=size))
+    td = rng.standard_normal(batch)
+
+    def step() -> None:
+        _, indices = buffer.sample(batch)
+        buffer.update_weight(indices, np.abs(td) + EPS)
+
+    return step
+
+
 def make_numpy(size: int, batch: int, rng: np.random.Generator) -> Callable[[], None]:
     fields = cartpole_rows(size, rng)
     priorities = (rng.exponential(size=size) + EPS) ** ALPHA
@@ -123,10 +156,12 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     impls = {"ptl_rl": make_ptl_rl(args.size, args.batch, rng), "cpprb": make_cpprb(args.size, args.batch, rng)}
+    impls["tianshou"] = make_tianshou(args.size, args.batch, rng)
     impls["numpy"] = make_numpy(args.size, args.batch, rng)
-    if impls["cpprb"] is None:
-        print("cpprb is not installed: skipping it (pip install cpprb)")
-        del impls["cpprb"]
+    for peer in ("cpprb", "tianshou"):
+        if impls[peer] is None:
+            print(f"{peer} is not installed: skipping it (pip install {peer})")
+            del impls[peer]
     for step in impls.values():  # warm caches and allocators
         time_per_call(step, 20)
     wall: dict[str, list[float]] = {name: [] for name in impls}
@@ -145,10 +180,16 @@ def main() -> None:
     for name in impls:
         w, c = statistics.median(wall[name]), statistics.median(cpu[name])
         print(f"{name:<16}{w * 1e6:>10.1f}{c * 1e6:>10.1f}{1 / c:>18.0f}{c / ours:>17.2f}x")
-    if "cpprb" in impls:
-        by_cpu = statistics.median(cpu["cpprb"]) / ours
-        by_wall = statistics.median(wall["cpprb"]) / statistics.median(wall["ptl_rl"])
-        print(f"ptl_rl throughput / cpprb throughput: {by_cpu:.2f} (CPU time), {by_wall:.2f} (wall); goal >= 1.3")
+    for peer in ("cpprb", "tianshou"):
+        if peer in impls:
+            by_cpu = statistics.median(cpu[peer]) / ours
+            by_wall = statistics.median(wall[peer]) / statistics.median(wall["ptl_rl"])
+            print(f"ptl_rl throughput / {peer} throughput: {by_cpu:.2f} (CPU time), {by_wall:.2f} (wall)")
+    try:  # Linux: how busy the machine was (1, 5, 15 min load averages)
+        with open("/proc/loadavg") as handle:
+            print(f"load average after the run: {' '.join(handle.read().split()[:3])}")
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 
 An example builds its parser with :func:`example_parser` (the run, logging,
 limits and evaluation flags), adds its algorithm's flags, and finishes with
-:func:`parse`, which also runs :func:`check_env`. Only ``argparse`` and
-``gymnasium`` are imported here: ``--help`` and a mistyped env id answer in
-about a second, without loading torch or Lightning (the examples import those
-inside ``train``, after parsing).
+:func:`parse`, which also runs :func:`check_env`. Only ``argparse``,
+``gymnasium`` and the standard-library :mod:`ptl_rl.examples.runs` are imported
+here: ``--help`` and a mistyped env id answer in about a second, without
+loading torch or Lightning (the examples import those inside ``train``, after
+parsing).
 
 Errors end with argparse's usage line and a one-line reason (exit status 2)
 instead of a traceback from deep inside the run.
@@ -24,6 +25,11 @@ from typing import Any
 import gymnasium as gym
 from gymnasium import spaces
 from gymnasium.envs.registration import registry
+
+from ptl_rl.examples.runs import tensorboard_available
+
+#: how to get TensorBoard logs, named wherever the examples say they are off
+TENSORBOARD_INSTALL = 'pip install -c constraints.txt -e ".[examples]" (or pip install tensorboard)'
 
 #: flags of the off-policy examples' burst training that other flags are checked against
 BURST_HELP = (
@@ -84,11 +90,13 @@ def example_parser(
         help="each run writes its directory <runs-dir>/<algo>_<env>_<seed>_<time>/ here (empty: write nothing)",
     )
     logs.add_argument("--log-every", type=int, default=100, help="gradient steps between logged training metrics")
+    # the default follows what is installed, so the help states what a run will do on this machine
     logs.add_argument(
         "--tensorboard",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also write TensorBoard logs into the run directory (when tensorboard is installed)",
+        default=tensorboard_available(),
+        help="also write TensorBoard logs into the run directory; on by default when the tensorboard package is "
+        f"installed, {'which it is' if tensorboard_available() else 'which it is not: ' + TENSORBOARD_INSTALL}",
     )
     evaluation = parser.add_argument_group("evaluation")
     if not online:
@@ -180,6 +188,8 @@ def parse(
     if args.grad_clip is not None and args.grad_clip < 0:
         parser.error(f"--grad-clip must be >= 0 (0: no clipping), got {args.grad_clip}")
     args.grad_clip = args.grad_clip or None
+    if args.tensorboard and not tensorboard_available():  # asked for explicitly: the default is off then
+        parser.error(f"--tensorboard: the tensorboard package is not installed; {TENSORBOARD_INSTALL}")
     if args.confirm_episodes is None:
         args.confirm_episodes = args.eval_episodes
     if args.confirm_episodes < 0 or args.final_eval_episodes < 0 or args.eval_every < 0:

@@ -11,8 +11,9 @@ Read it top to bottom, CleanRL style:
    episodes) in about 15k env steps and a few CPU seconds. It runs before torch
    and Lightning are imported, so ``--help`` and a mistyped ``--env-id`` answer
    at once.
-   Plain DQN (uniform replay, 1-step returns) is ``--n-step 1``; double DQN
-   targets are on in every configuration (``--no-double`` turns them off).
+   Plain DQN (uniform replay, 1-step returns, max-Q targets) is ``--n-step 1
+   --no-double``: double DQN targets are on in every configuration until
+   ``--no-double`` turns them off.
    ``--rainbow`` switches on ``--prioritized``, ``--dueling`` and ``--n-step 3``
    (flags given explicitly still win, e.g. ``--rainbow --no-dueling``).
 2. ``QNetwork``: an MLP from observations to one Q-value per action;

@@ -23,6 +23,7 @@ import torch
 from pytorch_lightning.callbacks import Timer, TQDMProgressBar
 
 import ptl_rl
+from ptl_rl.examples.quiet import quiet_lightning
 from ptl_rl.examples.runs import RunDirectory
 
 #: periodic evaluation k uses seed + EVAL_SEED + 1000 k, its confirmation seed + CONFIRM_SEED + 1000 k, the final
@@ -132,6 +133,27 @@ class ConfirmedEvaluation(ptl_rl.PeriodicEvaluation):
         self.confirmations = [(int(steps), float(ret)) for steps, ret in state_dict.get("confirmations", [])]
 
 
+class EnvStepsProgressBar(TQDMProgressBar):
+    """Lightning's progress bar, its ``env_steps`` the source's current count as an integer.
+
+    ``EpisodeStatsLogger`` shows ``env_steps`` through ``self.log``, which
+    stores every value as a float tensor (9808.0) and only every
+    ``every_n_steps`` batches; the bar's last refresh (at the end of the epoch,
+    also when a limit stops training) then showed a count older than the
+    summary's. This bar reads the count from the source whenever it refreshes.
+    """
+
+    def __init__(self, source: Any, refresh_rate: int) -> None:
+        super().__init__(refresh_rate=refresh_rate)
+        self.source = source
+
+    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        if self.source is not None and "env_steps" in metrics:
+            metrics["env_steps"] = int(self.source.total_steps)
+        return metrics
+
+
 class RunRecorder(pl.Callback):
     """Counts training batches (gradient steps, also under manual optimization) and writes finished episodes.
 
@@ -190,6 +212,45 @@ def stop_reason(trainer: pl.Trainer, experiment: Experiment, evaluation: Confirm
     return "epoch limit"
 
 
+def _fit(
+    experiment: Experiment,
+    loggers: list[Any],
+    callbacks: list[pl.Callback],
+    run_dir: RunDirectory | None,
+    recorder: RunRecorder,
+    env_steps: Callable[[], int],
+    start: float,
+) -> pl.Trainer:
+    """Build the Trainer and fit; an interrupted fit still leaves a ``summary.json`` saying so."""
+    args, model = experiment.args, experiment.model
+    log_every = experiment.log_every or args.log_every
+    trainer = pl.Trainer(
+        accelerator=args.accelerator,
+        devices=1,
+        max_epochs=experiment.max_epochs,
+        max_time=None if args.time_limit is None else datetime.timedelta(seconds=args.time_limit),
+        # manual optimization clips in the module's training_step (Lightning refuses gradient_clip_val there)
+        gradient_clip_val=args.grad_clip if model.automatic_optimization else None,
+        logger=loggers or False,
+        log_every_n_steps=log_every,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=args.progress_bar,
+        callbacks=callbacks,
+    )
+    try:
+        trainer.fit(model, train_dataloaders=experiment.loader)
+    except BaseException as error:  # Ctrl-C ends fit with SystemExit: the run directory still says what happened
+        if run_dir is not None:
+            partial = {"algo": experiment.algo, "env_id": args.env_id, "seed": args.seed,
+                       "stopped": f"interrupted ({type(error).__name__})", "env_steps": env_steps(),
+                       "gradient_steps": recorder.batches, "wall_time_s": time.perf_counter() - start}  # fmt: skip
+            run_dir.write_json("summary.json", partial)
+            run_dir.close()
+        raise
+    return trainer
+
+
 def run(experiment: Experiment) -> dict[str, Any]:
     """Fit ``experiment``, evaluate the final weights on fresh episodes, write the run directory; returns the summary.
 
@@ -240,31 +301,9 @@ def run(experiment: Experiment) -> dict[str, Any]:
         )
         callbacks.append(evaluation)
     if args.progress_bar:
-        callbacks.append(TQDMProgressBar(refresh_rate=log_every))
-    trainer = pl.Trainer(
-        accelerator=args.accelerator,
-        devices=1,
-        max_epochs=experiment.max_epochs,
-        max_time=None if args.time_limit is None else datetime.timedelta(seconds=args.time_limit),
-        # manual optimization clips in the module's training_step (Lightning refuses gradient_clip_val there)
-        gradient_clip_val=args.grad_clip if model.automatic_optimization else None,
-        logger=loggers or False,
-        log_every_n_steps=log_every,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=args.progress_bar,
-        callbacks=callbacks,
-    )
-    try:
-        trainer.fit(model, train_dataloaders=experiment.loader)
-    except BaseException as error:  # Ctrl-C ends fit with SystemExit: the run directory still says what happened
-        if run_dir is not None:
-            partial = {"algo": experiment.algo, "env_id": args.env_id, "seed": args.seed,
-                       "stopped": f"interrupted ({type(error).__name__})", "env_steps": env_steps(),
-                       "gradient_steps": recorder.batches, "wall_time_s": time.perf_counter() - start}  # fmt: skip
-            run_dir.write_json("summary.json", partial)
-            run_dir.close()
-        raise
+        callbacks.append(EnvStepsProgressBar(source, refresh_rate=log_every))
+    with quiet_lightning():  # Lightning's no-GPU/TPU lines, litlogger tip and its own LeafSpec warning
+        trainer = _fit(experiment, loggers, callbacks, run_dir, recorder, env_steps, start)
     train_time = time.perf_counter() - start
     stopped = stop_reason(trainer, experiment, evaluation)
 

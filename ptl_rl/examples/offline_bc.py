@@ -35,6 +35,9 @@ machine with internet, copy ``~/.minari/datasets/<id>`` here (or set
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -70,12 +73,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # fails here, with the usage line, rather than with a traceback after recording
     algorithm = "behaviour cloning (a classifier over actions)"
     args = cli.parse(p, argv, (spaces.Discrete,), algorithm)[0]
+    problem = offline_problem(args.dataset)
+    if problem:
+        p.error(problem)
     if args.dataset is None and args.env_id != "CartPole-v1":
         p.error(
             f"--env-id {args.env_id}: the built-in expert (a PD controller) only drives CartPole-v1; pass "
             "--dataset <id or directory> to clone a dataset recorded on that env"
         )
     return args
+
+
+def datasets_root() -> Path:
+    """Where Minari keeps datasets by id: ``$MINARI_DATASETS_PATH``, default ``~/.minari/datasets``."""
+    return Path(os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets")
+
+
+def offline_problem(dataset: str | None) -> str | None:
+    """Why ``--dataset`` cannot be opened (minari missing, no such dataset), in one line; ``None`` if it can.
+
+    Checked with the file system only, as ``ptl_rl.open_minari_dataset`` looks
+    datasets up, so the answer comes before torch, Lightning and minari load.
+    """
+    if importlib.util.find_spec("minari") is None:
+        return 'training from a dataset needs minari: pip install -c constraints.txt -e ".[offline]"'
+    if dataset is None:  # recorded by this example
+        return None
+    path = Path(dataset)
+    if path.is_dir():
+        if any((folder / "metadata.json").is_file() for folder in (path, path / "data")):
+            return None
+        return f"--dataset {dataset}: a directory without a Minari dataset (no metadata.json in it or in data/)"
+    root = datasets_root()
+    if (root / dataset / "data").is_dir():
+        return None
+    return (
+        f"--dataset {dataset}: no such Minari dataset stored locally (looked in {root}, set by "
+        "$MINARI_DATASETS_PATH); omit --dataset to record the CartPole expert, pass a dataset directory, "
+        f"or download it where there is internet (minari download {dataset}) and copy it there"
+    )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("runs", nargs="+", type=Path, help="run directories (each with episodes.csv)")
     p.add_argument("-o", "--output", type=Path, default=Path("curves.png"), help="the PNG to write")
     p.add_argument("--smooth", type=int, default=20, help="episodes in the moving average of the returns")
-    p.add_argument("--title", default=None, help="figure title (default: the runs' algorithms and envs)")
+    p.add_argument("--title", default=None, help="figure title; without one, the runs' algorithms and envs")
     p.add_argument("--dpi", type=int, default=120, help="resolution of the PNG")
     args = p.parse_args(argv)
     missing = [str(run) for run in args.runs if not (run / "episodes.csv").is_file()]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -219,14 +220,63 @@ def test_dqn_hparams_name_env_seed_nstep_and_epsilon(runs):
         assert key in hparams, key
 
 
+#: Lightning's lines a user cannot act on (no GPU/TPU here, an advertisement, a warning about Lightning's own code)
+LIGHTNING_NOISE = ("GPU available: False", "TPU available: False", "litlogger", "LeafSpec")
+
+
 def test_the_command_line_writes_a_run_directory(tmp_path):
-    """One run through ``python -m`` end to end (the others run in-process)."""
-    argv = [*TINY["dqn"], "--env-steps", "600", "--eval-every", "0", "--no-progress-bar", "--runs-dir", str(tmp_path)]
+    """One run through ``python -m`` end to end, progress bar on (the others run in-process)."""
+    argv = [*TINY["dqn"], "--eval-every", "0", "--log-every", "50", "--runs-dir", str(tmp_path)]
     done = run_python(RUN_AS_MAIN, "dqn", *argv, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     (run_dir,) = tmp_path.iterdir()
     assert RUN_FILES <= {path.name for path in run_dir.iterdir()}
     assert f"run directory {run_dir}" in done.stdout
+    output = done.stdout + done.stderr
+    noise = [line for line in output.splitlines() if any(needle in line for needle in LIGHTNING_NOISE)]
+    assert not noise, f"the run printed Lightning's noise: {noise}"
+    # the progress bar's env_steps: integers, the last one the count the summary reports
+    shown = re.findall(r"env_steps=([0-9.]+)", output)
+    assert shown and all(value.isdigit() for value in shown), f"env_steps shown as {sorted(set(shown))}"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert int(shown[-1]) == summary["env_steps"], (shown[-1], summary["env_steps"])
+
+
+def test_tensorboard_defaults_to_what_is_installed_and_help_says_so(monkeypatch, capsys):
+    from ptl_rl.examples import dqn
+
+    monkeypatch.setattr(cli, "tensorboard_available", lambda: False)
+    assert dqn.parse_args([]).tensorboard is False
+    with pytest.raises(SystemExit) as exit_info:
+        dqn.parse_args(["--tensorboard"])  # asked for, and not there: say so instead of skipping it silently
+    assert exit_info.value.code == 2
+    assert "--tensorboard: the tensorboard package is not installed; pip install" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        dqn.parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "installed, which it is not: pip install" in help_text and "(default: False)" in help_text
+
+    monkeypatch.setattr(cli, "tensorboard_available", lambda: True)
+    assert dqn.parse_args([]).tensorboard is True and dqn.parse_args(["--no-tensorboard"]).tensorboard is False
+
+
+def test_a_missing_dataset_is_a_one_line_error_before_heavy_imports(tmp_path):
+    done = run_python(RUN_AS_MAIN, "offline_bc", "--dataset", "does/not/exist-v0")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "error: --dataset does/not/exist-v0: no such Minari dataset stored locally" in done.stderr
+    assert "HEAVY: \n" in done.stderr, "the dataset check ran after torch/Lightning were imported"
+    done = run_python(RUN_AS_MAIN, "offline_bc", "--dataset", str(tmp_path))
+    assert done.returncode == 2 and "a directory without a Minari dataset" in done.stderr
+
+
+def test_plot_help_states_each_default_once(capsys):
+    from ptl_rl.examples import plot
+
+    with pytest.raises(SystemExit):
+        plot.parse_args(["--help"])
+    entries = re.split(r"\n  (?=-)", capsys.readouterr().out)
+    title = " ".join(next(entry for entry in entries if entry.startswith("--title")).split())
+    assert title.lower().count("default") == 1, title
 
 
 def test_empty_runs_dir_writes_nothing(tmp_path, monkeypatch, restore_torch_threads):

@@ -14,13 +14,16 @@ Two checks per notebook:
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 from paths import REPO
 
@@ -28,6 +31,8 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 # substrings that only a machine-specific path would put in an output
 MACHINE_PATHS = ("/work/", "/home/", ".venv", "/tmp/", "/Users/")
 NOTEBOOK_TIMEOUT_S = 300  # one notebook, kernel start included; each runs in a few tens of seconds
+# Lightning's lines a reader cannot act on (no GPU/TPU here, an advertisement, a warning about Lightning's own code)
+LIGHTNING_NOISE = ("GPU available: False", "TPU available: False", "litlogger", "LeafSpec")
 
 
 def _load_execute_module():
@@ -58,6 +63,28 @@ def _machine_paths(notebook: nbformat.NotebookNode) -> list[str]:
         for index, text in _output_texts(notebook)
         for needle in MACHINE_PATHS
         if needle in text
+    ]
+
+
+def _noise(notebook: nbformat.NotebookNode) -> list[str]:
+    texts = _output_texts(notebook)
+    return [f"cell {index}: {needle!r}" for index, text in texts for needle in LIGHTNING_NOISE if needle in text]
+
+
+def _printed(notebook: nbformat.NotebookNode, label: str) -> tuple[int, float]:
+    """(cell index, value) of the output line ``<label>: <number>``."""
+    for index, text in _output_texts(notebook):
+        found = re.search(re.escape(label) + r": (-?\d+(?:\.\d+)?)", text)
+        if found:
+            return index, float(found.group(1))
+    raise AssertionError(f"no output line {label!r}")
+
+
+def _claims(markdown: str) -> list[tuple[str, float]]:
+    """("above" | "below", number) for every "above ... -1200" / "below -200" the text states."""
+    return [
+        (word, float(number.replace(",", "")))
+        for word, number in re.findall(r"\b(above|below)\b[^\d\n-]{0,30}(-?\d[\d,]*(?:\.\d+)?)", markdown)
     ]
 
 
@@ -95,6 +122,34 @@ def test_committed_outputs(path: Path) -> None:
     assert images, f"{path.name} has no plot in its committed outputs"
     found = _machine_paths(notebook)
     assert not found, f"{path.name} outputs hold machine paths (scrub with notebooks/execute.py): {found[:3]}"
+    noise = _noise(notebook)
+    assert not noise, f"{path.name} outputs hold Lightning's noise (hide_lightning_noise() in its imports): {noise}"
+
+
+def test_sac_notebook_text_states_what_its_run_printed() -> None:
+    notebook = nbformat.read(REPO / "notebooks" / "04_continuous_sac.ipynb", as_version=4)
+    index, value = _printed(notebook, "greedy mean return over 10 fresh episodes")
+    text = "\n".join(cell.source for cell in notebook.cells[index + 1 :] if cell.cell_type == "markdown")
+    claims = _claims(text)
+    assert claims, "the text after the evaluation says where the short run ends"
+    for word, bound in claims:
+        assert (value > bound) if word == "above" else (value < bound), f"printed {value}, text says {word} {bound}"
+
+
+def test_custom_env_notebook_compares_with_the_best_possible_return() -> None:
+    notebook = nbformat.read(REPO / "notebooks" / "05_custom_env.ipynb", as_version=4)
+    _, greedy = _printed(notebook, "greedy mean return over 20 fresh episodes")
+    _, best = _printed(notebook, "shortest path on the same 20 episodes (the best possible)")
+    assert greedy <= best, "no policy beats the shortest path on the same episodes"
+    # brute force over every start and goal position of the 7 x 7 grid: -0.1 per step, +1 on the goal (one step
+    # into a wall when starting on it at the edge, two steps otherwise)
+    returns = []
+    for px, py, gx, gy in itertools.product(range(7), repeat=4):
+        steps = abs(px - gx) + abs(py - gy) or (1 if {px, py} & {0, 6} else 2)
+        returns.append(1.0 - 0.1 * (steps - 1))
+    text = " ".join(notebook.cells[-1].source.split())
+    (stated,) = re.findall(r"best possible mean return is about (\d\.\d+)", text)
+    assert float(stated) == round(float(np.mean(returns)), 2), (stated, np.mean(returns))
 
 
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT_S)
@@ -109,3 +164,4 @@ def test_notebook_executes(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     execute.scrub(notebook)
     found = _machine_paths(notebook)
     assert not found, f"notebooks/execute.py leaves machine paths in {path.name}'s outputs: {found[:3]}"
+    assert not _noise(notebook), f"{path.name} prints Lightning's noise: {_noise(notebook)}"

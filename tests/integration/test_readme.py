@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import configparser
+import re
+import statistics
+import subprocess
+import sys
+
+import pytest
 from paths import REPO
 
 ROOT = REPO
@@ -71,3 +78,108 @@ def test_the_scaling_out_example_trains_from_a_background_collector(tmp_path) ->
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "max_steps=20` reached" in run.stderr + run.stdout
+
+
+# ---------------------------------------------------------------------- what a new user reads and types
+def readme_text() -> str:
+    return (ROOT / "README.rst").read_text()
+
+
+def after_quick_start() -> str:
+    text = readme_text()
+    return text[text.index(readme_commands()[1]) + len(readme_commands()[1]) :]
+
+
+def test_commands_after_the_quick_start_use_the_venv_it_made() -> None:
+    """The quick start never activates .venv: a bare python/pip would be another interpreter."""
+    bare = re.findall(r"(?<![\w/.-])(?:python3?|pip) (?:-m|install)\b[^`\n]*", after_quick_start())
+    assert not bare, f"commands without .venv/bin/: {bare}"
+
+
+def test_extras_install_from_the_clone() -> None:
+    """No release is on a package index: ``pip install 'ptl_rl[x]'`` finds nothing, ``-e ".[x]"`` works."""
+    text = readme_text()
+    assert not re.findall(r"ptl_rl\[\w+\]", text)
+    extras = set(re.findall(r'-e "\.\[(\w+)\]"', text))
+    declared = configparser.ConfigParser()
+    declared.read(ROOT / "setup.cfg")
+    assert {"offline", "ray", "envpool", "atari"} <= extras <= set(declared["options.extras_require"])
+
+
+def test_the_stated_dependency_ranges_are_setup_cfgs() -> None:
+    declared = configparser.ConfigParser()
+    declared.read(ROOT / "setup.cfg")
+    ranges = [line.strip() for line in declared["options"]["install_requires"].splitlines() if line.strip()]
+    stated = " ".join(readme_text()[: readme_text().index("Documentation\n")].split())
+    assert all(f"``{requirement}``" in stated for requirement in ranges), (ranges, stated)
+
+
+def test_each_suite_folder_lists_what_its_tests_cover() -> None:
+    """The README names the folder that holds the EnvPool tests; check it against the files."""
+    folders = dict(re.findall(r"``(tests/\w+)`` \(([^)]*)\)", " ".join(readme_text().split())))
+    for folder, covers in folders.items():
+        has_envpool = any(
+            re.search(r"^\s*(import envpool|\w+ = pytest\.importorskip\(.envpool.\))", path.read_text(), re.M)
+            for path in (ROOT / folder).glob("test_*.py")
+        )
+        assert has_envpool == ("EnvPool" in covers), (folder, covers)
+
+
+def test_plain_dqn_flags_give_plain_dqn() -> None:
+    from ptl_rl.examples import dqn
+
+    (flags,) = re.findall(r"plain DQN is\s+``([^`]+)``", readme_text())
+    args = dqn.parse_args(flags.split())
+    assert args.n_step == 1 and not args.double and not args.prioritized and not args.dueling, flags
+
+
+def test_quick_start_says_where_the_run_goes_and_when_it_stops() -> None:
+    import gymnasium as gym
+
+    from ptl_rl.examples import dqn, runs
+
+    text = readme_text()
+    quick = " ".join(text[text.index("Quick start") : text.index(readme_commands()[1])].split())
+    args = dqn.parse_args(readme_commands()[0].split("ptl_rl.examples.dqn")[1].split())
+    prefix = runs.run_name("dqn", args.env_id, args.seed).rsplit("_", 1)[0]
+    assert f"``{args.runs_dir}/{prefix}_" in quick, quick
+    assert args.solved_return == gym.spec(args.env_id).reward_threshold
+    assert f"{args.solved_return:g}" in quick and "stops early" in quick
+
+
+def test_the_catch_claim_is_what_the_learning_test_checks() -> None:
+    test = (ROOT / "tests" / "learning" / "test_pixel_dqn.py").read_text()
+    (steps,) = re.findall(r'"--env-steps", "(\d+)"', test.split("CATCH_ARGS")[1].split("]")[0])
+    (solved,) = re.findall(r'"--solved-return", "([\d.]+)"', test)
+    (final,) = re.findall(r'result\["final_eval_return"\] >= ([\d.]+)', test)
+    text = readme_text()
+    claim = " ".join(text[text.index("The test suite trains the same module") :].split("\n\n")[0].split())
+    for number in (f"{int(steps):,}", solved, final):
+        assert number in claim, (number, claim)
+
+
+def test_git_ignores_what_the_readme_commands_write() -> None:
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    for path in ("curves.png", "runs/dqn_CartPole-v1_0_20250101-000000/summary.json"):
+        done = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT, check=False)
+        assert done.returncode == 0, f"{path} is not ignored by git"
+
+
+def test_the_prioritized_figures_are_what_the_benchmark_measures(tmp_path) -> None:
+    """Every peer the README compares against is one ``benchmarks/prioritized.py`` measures in the same run,
+    and each stated median is the median of the stated runs."""
+    text = " ".join(readme_text().split())
+    (bullet,) = re.findall(r"\* Prioritized sample\(256\) \+ update\(256\).*?not faster\.", text)
+    peers = re.findall(r"([\d.]+)x (\w+)'s throughput \(runs: ([\d., ]+)\)|([\d.]+)x (\w+)'s \(([\d., ]+)\)", bullet)
+    assert len(peers) == 2, bullet
+    script = [sys.executable, str(ROOT / "benchmarks" / "prioritized.py"), "--size", "2000", "--rounds", "1"]
+    done = subprocess.run([*script, "--calls", "3"], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for match in peers:
+        median, peer, runs = match[:3] if match[0] else match[3:]
+        assert float(median) == statistics.median(float(run) for run in runs.split(",")), bullet
+        measured_or_skipped = f"ptl_rl throughput / {peer.lower()} throughput" in done.stdout or (
+            f"{peer.lower()} is not installed: skipping it" in done.stdout
+        )
+        assert measured_or_skipped, (peer, done.stdout)
