@@ -240,7 +240,9 @@ def _find_source_with_hook(upstream: Any) -> Any:
             break
     raise ValueError(
         "NormalizeObservations must follow an ExperienceSource (directly, or through other per-step stages such "
-        f"as ScaleRewards) so that the agent acts on normalized observations; got {type(upstream).__name__}"
+        f"as ScaleRewards) so that the agent acts on normalized observations; got {type(upstream).__name__}. "
+        "Remote collectors (AsyncSource, RayWorkers) do not take the learner's statistics yet: normalize inside "
+        "the collector factory's pipeline instead"
     )
 
 
@@ -334,8 +336,8 @@ class NormalizeObservations(_PerStepStage):
     ) -> None:
         if output not in _OUTPUTS:
             raise ValueError(f"output must be one of {_OUTPUTS}, got {output!r}")
+        source = _find_source_with_hook(upstream)  # first: its message also covers remote collectors
         _check_per_step_upstream(upstream, type(self).__name__)
-        source = _find_source_with_hook(upstream)
         if source.observation_transform is not None:
             raise ValueError(
                 f"{type(source).__name__} already shows its agent transformed observations "

@@ -222,6 +222,8 @@ def test_both_stages_chain_in_either_order_and_feed_an_nstep_stage(mode):
         ptl_rl.ScaleRewards(nstep)
     with pytest.raises(ValueError, match="one NormalizeObservations per source"):
         ptl_rl.NormalizeObservations(norm)
+    with pytest.raises(ValueError, match="must follow an ExperienceSource.*got NStepTransform"):
+        ptl_rl.NormalizeObservations(nstep)
 
 
 # ---------------------------------------------------------------------------- moments
