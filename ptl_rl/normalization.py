@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from ptl_rl.batch import TorchBatch, TransitionBatch
 from ptl_rl.reprs import stage_repr
@@ -75,15 +76,17 @@ class ObservationNormalizer:
         array([[0., 2.]], dtype=float32)
     """
 
-    def __init__(self, clip: float | None = 10.0, epsilon: float = 1e-8) -> None:
+    def __init__(self, clip: float | None = 10.0, epsilon: float = 1e-8, shape: tuple[int, ...] | None = None) -> None:
         if clip is not None and not clip > 0:
             raise ValueError(f"clip must be > 0 or None, got {clip}")
         if not epsilon >= 0:
             raise ValueError(f"epsilon must be >= 0, got {epsilon}")
         self.clip = None if clip is None else float(clip)
         self.epsilon = float(epsilon)
+        self.shape = None if shape is None else tuple(int(n) for n in shape)
         self.frozen = False
         self.statistics = RunningStatistics()
+        self._modules: list[NormalizationModule] = []  # views in networks, rewritten at every change
         self._cached: tuple[Moments | None, np.ndarray, np.ndarray] | None = None  # (moments, shift, scale)
         self._torch_cache: dict[
             tuple[torch.dtype, torch.device], tuple[Moments | None, torch.Tensor, torch.Tensor]
@@ -158,11 +161,44 @@ class ObservationNormalizer:
     def update(self, obs: np.ndarray) -> None:
         """Add observations ``[B, *obs_shape]`` to the statistics (nothing while :attr:`frozen`)."""
         if not self.frozen:
-            self.statistics.add(_as_rows(obs))
+            self.commit(*self.statistics.with_rows(_as_rows(obs)))
+
+    def commit(self, local: Moments, moments: Moments) -> None:
+        """Make statistics computed by ``statistics.with_rows`` current, in the normalizer and its modules."""
+        self.statistics.commit(local, moments)
+        self._publish()
 
     def sync(self) -> bool:
         """Merge the statistics of every DDP rank (a collective call; see :meth:`RunningStatistics.sync`)."""
-        return self.statistics.sync()
+        synced = self.statistics.sync()
+        self._publish()
+        return synced
+
+    def module(self) -> NormalizationModule:
+        """An ``nn.Module`` that applies these statistics, kept current: put it first in a policy network.
+
+        For collectors in other processes (:class:`~ptl_rl.distributed.AsyncSource`,
+        :class:`~ptl_rl.distributed.RayWorkers`): its ``shift`` and ``scale`` buffers are
+        part of the policy's ``state_dict``, so every weight push carries the statistics of
+        that moment, and the rows of ``policy_version`` v were chosen on observations
+        normalized as of push v. Needs the observation shape (``shape=`` here, or data seen).
+        """
+        shape = self.shape if self.shape is not None else (None if self.mean is None else tuple(self.mean.shape))
+        if shape is None:
+            raise ValueError(
+                "the normalizer does not know the observation shape yet: "
+                "ObservationNormalizer(shape=env.single_observation_space.shape)"
+            )
+        module = NormalizationModule(shape, self.clip)
+        self._modules.append(module)
+        self._publish()
+        return module
+
+    def _publish(self) -> None:
+        if self._modules:
+            shift, scale = self._shift_scale(self.statistics.moments)
+            for module in self._modules:
+                module.load(shift, scale)
 
     def wrap_agent(self, agent: Callable[[Any], Any]) -> NormalizedAgent:
         """``agent`` acting on observations normalized with these statistics, for evaluation envs (frozen)."""
@@ -185,6 +221,8 @@ class ObservationNormalizer:
         self.clip = None if state["clip"] is None else float(state["clip"])
         self.epsilon = float(state["epsilon"])
         self.frozen = bool(state["frozen"])
+        self._cached = None
+        self._publish()
 
     def __repr__(self) -> str:
         return f"ObservationNormalizer(count={self.count}, clip={self.clip}, frozen={self.frozen})"
@@ -223,11 +261,49 @@ class NormalizedAgent:
         return getattr(self.agent, name)
 
 
+class NormalizationModule(nn.Module):
+    """``clip((x - shift) * scale)`` as an ``nn.Module`` whose ``shift``/``scale`` buffers travel with the weights.
+
+    Made by :meth:`ObservationNormalizer.module`, which rewrites the buffers at every
+    change of its statistics. A collector process builds its own with the same
+    ``shape`` and ``clip`` (``NormalizationModule((11,), 10.0)``): the weights it is sent
+    fill the buffers. Input ``[B, *shape]``, any numeric dtype; output float32.
+    """
+
+    def __init__(self, shape: tuple[int, ...], clip: float | None = 10.0) -> None:
+        super().__init__()
+        self.clip = None if clip is None else float(clip)
+        self.register_buffer("shift", torch.zeros(shape, dtype=torch.float32))
+        self.register_buffer("scale", torch.ones(shape, dtype=torch.float32))
+
+    def load(self, shift: np.ndarray, scale: np.ndarray) -> None:
+        with torch.no_grad():
+            self.shift.copy_(torch.as_tensor(shift).expand_as(self.shift))
+            self.scale.copy_(torch.as_tensor(scale).expand_as(self.scale))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        out = (obs.to(self.shift.dtype) - self.shift) * self.scale
+        return out if self.clip is None else out.clamp(-self.clip, self.clip)
+
+
 def _check_per_step_upstream(upstream: Any, stage: str) -> None:
     if not getattr(upstream, "one_row_per_env", False):
         raise ValueError(
             f"{stage} must see one step of each env per batch, in order: put it right after the ExperienceSource "
             f"(before NStepTransform and any buffer), not after {type(upstream).__name__}"
+        )
+
+
+def _check_model_view(normalizer: ObservationNormalizer, output: str) -> None:
+    if output != "raw":
+        raise ValueError(
+            "with apply_in='model' the network normalizes its own inputs (normalizer.module() in the policy), so "
+            "the batches must stay raw: pass output='raw', or the observations would be normalized twice"
+        )
+    if not normalizer._modules:
+        raise ValueError(
+            "apply_in='model' needs the normalizer inside the policy network: build the policy with "
+            "normalizer.module() as its first layer (ObservationNormalizer(shape=obs_shape).module())"
         )
 
 
@@ -241,8 +317,8 @@ def _find_source_with_hook(upstream: Any) -> Any:
     raise ValueError(
         "NormalizeObservations must follow an ExperienceSource (directly, or through other per-step stages such "
         f"as ScaleRewards) so that the agent acts on normalized observations; got {type(upstream).__name__}. "
-        "Remote collectors (AsyncSource, RayWorkers) do not take the learner's statistics yet: normalize inside "
-        "the collector factory's pipeline instead"
+        "Behind remote collectors (AsyncSource, RayWorkers) put normalizer.module() first in the policy they "
+        "are sent, and pass apply_in='model', output='raw'"
     )
 
 
@@ -331,22 +407,29 @@ class NormalizeObservations(_PerStepStage):
         normalizer: ObservationNormalizer | None = None,
         *,
         output: str = "normalized",
+        apply_in: str = "source",
         clip: float | None = 10.0,
         epsilon: float = 1e-8,
     ) -> None:
         if output not in _OUTPUTS:
             raise ValueError(f"output must be one of {_OUTPUTS}, got {output!r}")
-        source = _find_source_with_hook(upstream)  # first: its message also covers remote collectors
-        _check_per_step_upstream(upstream, type(self).__name__)
-        if source.observation_transform is not None:
-            raise ValueError(
-                f"{type(source).__name__} already shows its agent transformed observations "
-                f"({source.observation_transform!r}); chain one NormalizeObservations per source"
-            )
-        super().__init__(upstream)
+        if apply_in not in ("source", "model"):
+            raise ValueError(f"apply_in must be 'source' or 'model', got {apply_in!r}")
         self.normalizer = normalizer if normalizer is not None else ObservationNormalizer(clip, epsilon)
+        if apply_in == "model":
+            _check_model_view(self.normalizer, output)
+        else:
+            source = _find_source_with_hook(upstream)  # first: its message also covers remote collectors
+            _check_per_step_upstream(upstream, type(self).__name__)
+            if source.observation_transform is not None:
+                raise ValueError(
+                    f"{type(source).__name__} already shows its agent transformed observations "
+                    f"({source.observation_transform!r}); chain one NormalizeObservations per source"
+                )
+            source.observation_transform = self.normalizer
+        super().__init__(upstream)
         self.output = output
-        source.observation_transform = self.normalizer
+        self.apply_in = apply_in
 
     def _transform(self, batch: TransitionBatch, cut: bool) -> TransitionBatch:
         norm = self.normalizer
@@ -363,7 +446,7 @@ class NormalizeObservations(_PerStepStage):
             fields["next_obs"] = norm.normalize_with(batch.next_obs, after)
             batch = TransitionBatch.wrap(fields)
         if update is not None:
-            norm.statistics.commit(*update)  # the step's one change of state
+            norm.commit(*update)  # the step's one change of state (and the modules' buffers after it)
         return batch
 
     STATE_VERSION = 1
