@@ -418,8 +418,11 @@ def test_behaviour_cloning_from_a_recorded_expert_solves_cartpole(restore_torch_
     assert result["final_eval_return"] >= 475.0, result
 
 
-def test_offline_example_rejects_envs_it_cannot_clone(capsys):
+def test_offline_example_rejects_envs_it_cannot_clone(capsys, tmp_path, monkeypatch):
     from ptl_rl.examples import offline_bc
+
+    (tmp_path / "acrobot" / "expert-v0" / "data").mkdir(parents=True)  # stored locally: parse_args checks it
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
 
     with pytest.raises(SystemExit):
         offline_bc.parse_args(["--env-id", "Pendulum-v1"])
