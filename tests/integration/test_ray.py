@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 import torch
 from collectors import EPISODE_STRIDE, ShiftPolicy, check_rows, concat_rows, scripted_collector
+from normalized_collector import CLIP, OBS_SHAPE, normalized_cartpole_collector, policy_network
 from paths import REPO, SUPPORT
 
+import ptl_rl
 from ptl_rl import BatchSampler, ReplayBuffer
 from ptl_rl.distributed import RayWorkers
 
@@ -182,3 +184,31 @@ def test_a_rank_outside_the_world_size_is_refused_naming_the_fix(ray_session) ->
     with pytest.raises(ValueError, match=r"DDP rank 1 but the world size is 1.*set_rank\(rank, world_size=...\)"):
         next(workers)
     assert not workers.running, "no actor was started"
+
+
+def test_normalization_statistics_travel_with_the_weights_to_ray_workers(ray_session) -> None:
+    """Each row of policy_version v was seen by the worker's network normalized as the statistics pushed as v."""
+    norm = ptl_rl.ObservationNormalizer(clip=CLIP, shape=OBS_SHAPE)
+    policy = policy_network()
+    policy[0] = norm.module()
+    snapshots = {0: (policy[0].shift.clone(), policy[0].scale.clone())}
+    workers = RayWorkers(normalized_cartpole_collector, 1, policy=policy, steps_per_call=2)
+    stage = ptl_rl.NormalizeObservations(workers, norm, output="raw", apply_in="model")
+    rows = []
+    try:
+        for i in range(30):
+            batch = next(stage)
+            rows.append({k: np.asarray(batch[k]) for k in ("obs", "seen", "policy_version")})
+            if i % 5 == 4:
+                version = workers.push_weights()
+                snapshots[version] = (policy[0].shift.clone(), policy[0].scale.clone())
+    finally:
+        workers.close()
+    versions = np.concatenate([r["policy_version"] for r in rows])
+    obs, seen = (np.concatenate([r[k] for r in rows]) for k in ("obs", "seen"))
+    assert len(np.unique(versions)) >= 2
+    for version in np.unique(versions):
+        shift, scale = (t.numpy().astype(np.float64) for t in snapshots[int(version)])
+        expected = np.clip((obs[versions == version] - shift) * scale, -CLIP, CLIP)
+        np.testing.assert_allclose(seen[versions == version], expected, rtol=1e-5, atol=1e-5)
+    assert norm.count == len(obs)
