@@ -186,7 +186,8 @@ def run_cleanrl(path: str, algo: str, env_id: str, seed: int, env_steps: int, ru
         code, cpu, wall = _child(cmd, cwd, log)
     if code != 0:
         raise SystemExit(f"CleanRL run failed ({code}); see {log}")
-    returns = [float(m) for m in re.findall(r"episodic_return=([-\d.eE+]+)", log.read_text())]
+    run_dir = cleanrl_run_directory(log, runs_dir / f"cleanrl_{algo}_{env_id}_{seed}", algo, env_id, seed)
+    returns = [float(r) for r in json.loads((run_dir / "summary.json").read_text())["returns"]]
     last = returns[-10:]
     return {
         "final_return": sum(last) / len(last) if last else None,
@@ -194,8 +195,19 @@ def run_cleanrl(path: str, algo: str, env_id: str, seed: int, env_steps: int, ru
         "env_steps_done": env_steps,
         "cpu_s": cpu,
         "wall_s": wall,
-        "run_dir": os.path.relpath(log, REPO),
+        "run_dir": os.path.relpath(run_dir, REPO),
     }
+
+
+def cleanrl_run_directory(log: Path, run_dir: Path, algo: str, env_id: str, seed: int) -> Path:
+    """A run directory from a CleanRL log (its ``global_step=..., episodic_return=...`` lines), for the plot command."""
+    found = re.findall(r"global_step=(\d+), episodic_return=([-\d.eE+]+)", log.read_text())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rows = ["env_steps,return,length,env_id,wall_time_s"] + [f"{step},{ret},0,0,0" for step, ret in found]
+    (run_dir / "episodes.csv").write_text("\n".join(rows) + "\n")
+    (run_dir / "config.json").write_text(json.dumps({"algo": f"{algo} (CleanRL)", "env_id": env_id, "seed": seed}))
+    (run_dir / "summary.json").write_text(json.dumps({"returns": [float(r) for _, r in found]}))
+    return run_dir
 
 
 def load_results() -> list[dict[str, Any]]:
