@@ -330,6 +330,7 @@ class AsyncSource(RemoteEpisodes):
             return
         dist_rank, world_size = distributed_rank()
         rank = self.rank if world_size == 1 else dist_rank
+        # one process per DDP rank, ranks interleaved by world size; alone, a rank given by set_rank is a base
         info = WorkerInfo(
             rank=worker_rank(0, self.incarnation, 1, rank, world_size) if world_size > 1 else rank + self.incarnation,
             worker=rank,

@@ -194,11 +194,26 @@ def test_policy_agent_built_for_another_space_kind_is_reported():
 
 
 def test_agents_that_fit_the_env_and_plain_callables_pass():
-    ExperienceSource(cartpole(), ptl_rl.DQNAgent(q_net()))
-    ExperienceSource(cartpole(), ptl_rl.StochasticPolicyAgent(q_net()))  # logits, no action space needed
-    ExperienceSource(cartpole(), lambda obs: np.zeros(len(obs), dtype=np.int64))
+    """Accepted at construction, and then they act: every step's actions are members of the env's action space,
+    one per sub-env, and a plain callable's actions are exactly what it returned."""
     box = pendulum().single_action_space
-    ExperienceSource(pendulum(), ptl_rl.DeterministicActorAgent(nn.Linear(3, 1), box))
+    cases = {
+        "DQNAgent": (cartpole(), ptl_rl.DQNAgent(q_net())),
+        "StochasticPolicyAgent": (cartpole(), ptl_rl.StochasticPolicyAgent(q_net())),  # logits, no space needed
+        "callable": (cartpole(), lambda obs: np.ones(len(obs), dtype=np.int64)),
+        "DeterministicActorAgent": (pendulum(), ptl_rl.DeterministicActorAgent(nn.Linear(3, 1), box)),
+    }
+    for name, (env, agent) in cases.items():
+        space = env.single_action_space
+        source = ExperienceSource(env, agent, seed=0)
+        actions = np.stack([np.asarray(next(source)["action"]) for _ in range(5)])  # [steps, num_envs, *shape]
+        assert actions.shape == (5, env.num_envs, *space.shape), name
+        assert np.can_cast(actions.dtype, space.dtype, casting="same_kind"), (name, actions.dtype)
+        flat = actions.reshape(-1, *space.shape)
+        assert all(space.contains(np.asarray(a, dtype=space.dtype)) for a in flat), (name, flat)
+        assert source.total_steps == 5 * env.num_envs, name
+        if name == "callable":
+            np.testing.assert_array_equal(actions, np.ones((5, env.num_envs), dtype=np.int64))
 
 
 # ---------------------------------------------------------------------- example command lines

@@ -29,13 +29,13 @@ def _rows(n: int) -> ptl_rl.TransitionBatch:
     )
 
 
-def _filled(buffer: Any) -> Any:
-    buffer.add(_rows(12))
+def _filled(buffer: Any, variant: int = 0) -> Any:
+    buffer.add(_rows(12 + 3 * variant))
     return buffer
 
 
-def _rollout() -> ptl_rl.RolloutBuffer:
-    return ptl_rl.RolloutBuffer(None, 4, num_envs=2, value_fn=lambda obs: np.zeros(len(obs)))
+def _rollout(variant: int = 0) -> ptl_rl.RolloutBuffer:
+    return ptl_rl.RolloutBuffer(None, 4, num_envs=2, value_fn=lambda obs: np.zeros(len(obs)), seed=variant)
 
 
 def _source(steps: int = 3) -> ptl_rl.ExperienceSource:
@@ -47,40 +47,92 @@ def _source(steps: int = 3) -> ptl_rl.ExperienceSource:
     return source
 
 
-def _nstep() -> ptl_rl.NStepTransform:
+def _nstep(variant: int = 0) -> ptl_rl.NStepTransform:
     nstep = ptl_rl.NStepTransform(_source(0), n=3, gamma=0.9)
-    next(nstep)
-    next(nstep)
+    for _ in range(2 + variant):
+        next(nstep)
     return nstep
 
 
-def _policy_agent() -> ptl_rl.StochasticPolicyAgent:
+def _policy_agent(variant: int = 0) -> ptl_rl.StochasticPolicyAgent:
     actor = nn.Linear(4, 2)
-    return ptl_rl.StochasticPolicyAgent(actor, gym.spaces.Discrete(2), seed=0)
+    agent = ptl_rl.StochasticPolicyAgent(actor, gym.spaces.Discrete(2), seed=0)
+    for _ in range(1 + variant):  # its generator is made at the first draw: variant 0 has one, variant 1 a later one
+        agent(np.zeros((2, 4), dtype=np.float32))
+    return agent
 
 
-def _evaluation() -> ptl_rl.PeriodicEvaluation:
+def _evaluation(variant: int = 0) -> ptl_rl.PeriodicEvaluation:
     source = _source(1)
     env = gym.make("CartPole-v1")
-    return ptl_rl.PeriodicEvaluation(source, env, lambda _env: source.agent, every_env_steps=100)
+    return ptl_rl.PeriodicEvaluation(source, env, lambda _env: source.agent, every_env_steps=100 + 50 * variant)
 
 
-STATEFUL: dict[str, Callable[[], Any]] = {
-    "ExperienceSource": _source,
+# name -> build(variant): variants 0 and 1 are objects of the same kind in different states, so that loading one's
+# state into the other shows whether the state was taken
+STATEFUL: dict[str, Callable[..., Any]] = {
+    "ExperienceSource": lambda variant=0: _source(3 + variant),
     "NStepTransform": _nstep,
-    "BatchSampler": lambda: ptl_rl.BatchSampler(_filled(ptl_rl.ReplayBuffer(None, 16, warmup=0)), 4),
-    "DQNAgent": lambda: _source(0).agent,
+    "BatchSampler": lambda variant=0: ptl_rl.BatchSampler(_filled(ptl_rl.ReplayBuffer(None, 16, warmup=0), variant), 4),
+    "DQNAgent": lambda variant=0: _source(variant).agent,
     "StochasticPolicyAgent": _policy_agent,
-    "EpisodeStatsLogger": lambda: ptl_rl.EpisodeStatsLogger(_source(1)),
+    "EpisodeStatsLogger": lambda variant=0: ptl_rl.EpisodeStatsLogger(_source(1 + 60 * variant)),
     "PeriodicEvaluation": _evaluation,
-    "ReplayBuffer": lambda: _filled(ptl_rl.ReplayBuffer(None, 16, warmup=0)),
-    "ReplayBuffer(replacement=False)": lambda: _filled(ptl_rl.ReplayBuffer(None, 16, warmup=0, replacement=False)),
-    "PrioritizedReplayBuffer": lambda: _filled(ptl_rl.PrioritizedReplayBuffer(None, 16, warmup=0)),
-    "SequenceReplayBuffer": lambda: _filled(ptl_rl.SequenceReplayBuffer(None, 16, length=2, warmup=0)),
+    "ReplayBuffer": lambda variant=0: _filled(ptl_rl.ReplayBuffer(None, 16, warmup=0), variant),
+    "ReplayBuffer(replacement=False)": lambda variant=0: _filled(
+        ptl_rl.ReplayBuffer(None, 16, warmup=0, replacement=False), variant
+    ),
+    "PrioritizedReplayBuffer": lambda variant=0: _filled(ptl_rl.PrioritizedReplayBuffer(None, 16, warmup=0), variant),
+    "SequenceReplayBuffer": lambda variant=0: _filled(
+        ptl_rl.SequenceReplayBuffer(None, 16, length=2, warmup=0), variant
+    ),
     "RolloutBuffer": _rollout,
-    "ArrayStorage": lambda: _filled(ptl_rl.buffers.ArrayStorage(16)),
-    "EpsilonGreedySelector": lambda: ptl_rl.EpsilonGreedySelector(0.1, seed=0),
+    "ArrayStorage": lambda variant=0: _filled(ptl_rl.buffers.ArrayStorage(16), variant),
+    "EpsilonGreedySelector": lambda variant=0: ptl_rl.EpsilonGreedySelector(0.1, seed=variant),
 }
+
+
+def same_state(a: Any, b: Any) -> bool:
+    """Deep equality of two states: nested dicts and sequences of arrays, tensors and plain values."""
+    if isinstance(a, dict) or isinstance(b, dict):
+        return (
+            isinstance(a, dict)
+            and isinstance(b, dict)
+            and a.keys() == b.keys()
+            and all(same_state(a[k], b[k]) for k in a)
+        )
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.array_equal(np.asarray(a), np.asarray(b))
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+CLOCKS = ("trained_s",)  # seconds that keep counting while the test runs (PeriodicEvaluation's training time)
+
+
+def without_version(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k != STATE_VERSION_KEY}
+
+
+def assert_loaded(loaded: dict[str, Any], saved: dict[str, Any]) -> None:
+    """``loaded`` is ``saved``, except that a clock may have run on a little since."""
+    loaded, saved = dict(loaded), dict(saved)
+    for key in CLOCKS:
+        if key in saved:
+            assert 0.0 <= loaded.pop(key) - saved.pop(key) < 5.0, key
+    assert same_state(loaded, saved), (loaded, saved)
+
+
+def load_into_other(build: Callable[..., Any], state: dict[str, Any]) -> Any:
+    """Load ``state`` (of variant 0) into a variant-1 object, after checking that the two states differ."""
+    target = build(1)
+    if without_version(state):  # (a BatchSampler holds nothing but the version)
+        assert not same_state(without_version(target.state_dict()), without_version(state)), "variants must differ"
+    target.load_state_dict(state)
+    return target
 
 
 @pytest.fixture(params=sorted(STATEFUL))
@@ -92,7 +144,7 @@ def test_state_names_its_version_and_round_trips(stateful):
     name, build = stateful
     state = build().state_dict()
     assert isinstance(state[STATE_VERSION_KEY], int) and state[STATE_VERSION_KEY] >= 1
-    build().load_state_dict(state)
+    assert_loaded(load_into_other(build, state).state_dict(), state)
 
 
 def test_a_newer_format_is_refused_naming_the_fix(stateful):
@@ -104,10 +156,14 @@ def test_a_newer_format_is_refused_naming_the_fix(stateful):
 
 
 def test_a_state_written_before_versions_still_loads(stateful):
+    """A state without the key (format 0) is read, all of it: the loaded object's state is the saved one, now
+    naming the current format."""
     name, build = stateful
     state = build().state_dict()
-    del state[STATE_VERSION_KEY]
-    build().load_state_dict(state)
+    version = state.pop(STATE_VERSION_KEY)
+    loaded = load_into_other(build, state).state_dict()
+    assert loaded[STATE_VERSION_KEY] == version
+    assert_loaded(without_version(loaded), state)
 
 
 def test_versioned_states_survive_weights_only_loading(tmp_path):
