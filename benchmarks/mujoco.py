@@ -297,7 +297,7 @@ def main() -> None:
         if _done(lib, args.algo, env_id, seed, args.env_steps):
             print(f"skip {lib} {args.algo} {env_id} seed {seed}: already in {RESULTS.name}", flush=True)
             continue
-        load = os.getloadavg()[0]
+        load, commit = os.getloadavg()[0], _commit()  # the code the run starts with
         print(f"run {lib} {args.algo} {env_id} seed {seed}, {args.env_steps} steps (load {load:.2f})", flush=True)
         if lib == "ptl_rl":
             out = run_ptl_rl(args.algo, env_id, seed, args.env_steps, runs_dir, args.example_args)
@@ -307,7 +307,7 @@ def main() -> None:
             "algo": args.algo, "env_id": env_id, "seed": seed, "env_steps": args.env_steps,
             "final_return": out["final_return"], "greedy_return": out["greedy_return"],
             "cpu_s": round(out["cpu_s"], 1), "cpu_us_per_env_step": round(out["cpu_s"] / args.env_steps * 1e6, 1),
-            "lib": lib, "ptl_rl_commit": _commit(), "wall_s": round(out["wall_s"], 1),
+            "lib": lib, "ptl_rl_commit": commit, "wall_s": round(out["wall_s"], 1),
             "load_at_start": round(load, 2), "load_at_end": round(os.getloadavg()[0], 2), "run": out["run_dir"],
         }  # fmt: skip
         save_result(record)
