@@ -128,16 +128,16 @@ static int Plan_init(Plan *p, PyObject *args, PyObject *kwds) {
         return plan_error("obs_refs and next_refs must be int64 [capacity, S]");
     p->capacity = p->obs_refs.shape[0];
     p->S = p->obs_refs.shape[1];
-    if (p->state.ndim != 2 || !is_int64(&p->state) || p->state.shape[1] < 2 * p->S + 2)
-        return plan_error("state must be int64 [E, 2S + 1 + n]");
+    if (p->state.ndim != 2 || !is_int64(&p->state) || p->state.shape[1] < 2 * p->S + 3)
+        return plan_error("state must be int64 [E, 2S + 2 + n]");
     p->E = p->state.shape[0];
     p->W = p->state.shape[1];
-    p->n = p->W - 2 * p->S - 1;
-    if (p->pending.ndim != p->pool.ndim + 1 || !same_format(&p->pending, &p->pool) || p->pending.shape[0] != p->E ||
-        p->pending.shape[1] != p->n)
-        return plan_error("pending must be [E, n, *frame] of the pool's dtype");
+    p->n = p->W - 2 * p->S - 2; /* (columns: last, final, trust, recent [n], head) */
+    if (p->pending.ndim != p->pool.ndim + 2 || !same_format(&p->pending, &p->pool) || p->pending.shape[0] != p->E ||
+        p->pending.shape[1] != p->n + 1 || p->pending.shape[2] != p->S)
+        return plan_error("pending must be [E, n + 1, S, *frame] of the pool's dtype");
     for (int d = 1; d < p->pool.ndim; d++)
-        if (p->pending.shape[d + 1] != p->pool.shape[d]) return plan_error("pending frames differ from the pool's");
+        if (p->pending.shape[d + 2] != p->pool.shape[d]) return plan_error("pending frames differ from the pool's");
     p->nfields = PyTuple_GET_SIZE(names);
     if (PyTuple_GET_SIZE(fields) != p->nfields || p->nfields > 64) return plan_error("names and fields differ");
     p->fields = PyMem_Calloc(p->nfields ? p->nfields : 1, sizeof(Py_buffer));
@@ -347,13 +347,16 @@ static PyObject *Plan_step(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
         ended += done[i];
     }
     const int any_done = ended > 0;
+    /* checked mode, an env twice: its second pending write overwrites a stack the add compared, which the Python
+     * path backs up for a caller that rolls the add back (a SequenceReplayBuffer's redo) */
+    if (!trusted && groups > 1) goto fallback;
     int64_t *state = (int64_t *)p->state.buf;
     int64_t *obs_refs = (int64_t *)p->obs_refs.buf, *next_refs = (int64_t *)p->next_refs.buf;
     char *pending = (char *)p->pending.buf;
     const Py_ssize_t fbytes = p->frame_bytes;
     const int64_t total2 = total + count;
     const int64_t wait_floor = total2 - cap > 0 ? total2 - cap : 0;
-    if (!trusted) { /* checked: the newest frame of a resolved next_obs must be this obs's newest (n_step right) */
+    if (!trusted) { /* checked: a resolved next_obs must be this obs, whole stack (FrameStorage._check_next_obs) */
         /* Checked before any write, for every group at once: at an env's k-th row of this batch its shift
          * registers hold, oldest first, the stored entries k.. and then what its rows k-n.. put there, so
          * the entry compared is the stored k-th (k < n) or the one from its row k - n of this batch. */
@@ -367,11 +370,15 @@ static PyObject *Plan_step(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
             hist[e * n + k % n] = i;
             const int64_t *row = state + e * W;
             const int64_t gen = back < 0 ? row[2 * S + 1 + k] : (done[back] ? -1 : total + back);
-            const char *want = back < 0 ? pending + (e * n + k) * fbytes : frame_at(&nxt, back, S - 1);
-            bad = gen >= wait_floor && memcmp(want, frame_at(&obs, i, S - 1), fbytes) != 0;
+            /* (the stored pending stack, when back < 0: the k-th oldest of the env's ring of n + 1, from its head) */
+            const char *kept = pending + (e * (n + 1) + (row[2 * S + 1 + n] + k) % (n + 1)) * S * fbytes;
+            for (Py_ssize_t j = 0; j < S && !bad && gen >= wait_floor; j++) {
+                const char *want = back < 0 ? kept + j * fbytes : frame_at(&nxt, back, j);
+                bad = memcmp(want, frame_at(&obs, i, j), fbytes) != 0;
+            }
         }
         PyMem_Free(hist);
-        if (bad) goto fallback; /* (the Python path raises, naming n_step) */
+        if (bad) goto fallback; /* (the Python path refuses the batch, naming the env and the transition) */
     }
     /* the new counters and the slots, made before the first write so that nothing can fail after it */
     const long long end = cursor + count;
@@ -441,10 +448,11 @@ static PyObject *Plan_step(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
             int64_t *row = state + env[i] * W;
             memcpy(obs_refs + pmod(cursor + i, cap) * S, row, S * sizeof(int64_t));
             int64_t *recent = row + 2 * S + 1;
-            if (!trusted) {
-                char *mine = pending + (env[i] * n) * fbytes;
-                memmove(mine, mine + fbytes, (n - 1) * fbytes);
-                memcpy(mine + (n - 1) * fbytes, frame_at(&nxt, i, S - 1), fbytes);
+            if (!trusted) { /* this row's next_obs into the free position of the env's ring, after its newest */
+                int64_t *head = row + 2 * S + 1 + n;
+                char *mine = pending + (env[i] * (n + 1) + (*head + n) % (n + 1)) * S * fbytes;
+                for (Py_ssize_t j = 0; j < S; j++) memcpy(mine + j * fbytes, frame_at(&nxt, i, j), fbytes);
+                *head = (*head + 1) % (n + 1);
             }
             if (recent[0] >= wait_floor) /* the transition n observations back gets this obs as next_obs */
                 memcpy(next_refs + pmod(recent[0], cap) * S, row, S * sizeof(int64_t));

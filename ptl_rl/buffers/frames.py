@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -97,7 +97,10 @@ class FrameStorage:
             episode is trusted to shift by one frame once the episode's first
             shift was seen (every episode start, episode end and cut in the
             stream is still compared). ``True``: always compare (foreign
-            data); ``False``: trust also without such an upstream.
+            data); ``False``: trust also without such an upstream. Whenever
+            it compares, it also refuses (``ValueError``, nothing stored) a
+            batch in which an ``obs`` is not, whole stack, the ``next_obs`` of
+            its env's transition ``n_step`` rows earlier, which it is stored as.
         frame_key: for ``Dict`` observations, the key whose observations are
             (stacks of) frames, stored once as above; the other keys are
             stored per transition like any other field. Default: the only key
@@ -232,7 +235,11 @@ class FrameStorage:
         again equals one uninterrupted add. A buffer does that itself (see
         ``ReplayBuffer.add``); for a caller that does not, the storage keeps the
         batch and its snapshot, and its next ``add`` rolls back and redoes it.
-        A refused batch (``ValueError``) leaves the storage as it was.
+
+        A refused batch (``ValueError``/``TypeError``: a wrong shape, dtype or
+        field, a stack that does not match what the storage holds, see
+        :meth:`_checked`) leaves the storage as it was: every check runs before
+        the first write, and the batch is not kept for a redo.
         """
         if self._journal is None:
             self._journal = (None, [batch])  # (the compiled step clears it in the same call that writes the batch)
@@ -252,10 +259,8 @@ class FrameStorage:
             for one in batches:
                 slots = self._add_chunks(one)
         except (TypeError, ValueError):
-            written = self._fields.total_added - saved[2]
-            self.restore(saved)  # refused, before or while writing: as if never added
-            if written:  # (refused after writing rows: their slots lost what they held)
-                self._obs_refs[(saved[0] + np.arange(min(written, self.capacity))) % self.capacity, 0] = -1
+            # refused by its checks, before its first write: the storage holds the batches before it, complete
+            self._journal = None
             raise
         self._journal = None
         return slots
@@ -268,12 +273,14 @@ class FrameStorage:
         :meth:`add`). Covered: array observations ``[B, S, *frame]``
         stacked along axis 0 (S >= 2) and fields in their stored dtypes, in
         trusted and checked mode, with episode ends, restarted stacks, envs
-        missing, repeated or out of order, ring and pool wrap; the result is
-        bit-identical to the Python path's. Left to :meth:`add`: Dict
-        observations, other stack axes, dtypes to cast, a cut in the
-        numbered stream (a batch added again is one), a wrong ``n_step`` in
-        checked mode (it raises there). No Python code runs inside the call, so an
-        interrupt lands before it (nothing written, the caller's record still
+        missing, repeated (trusted mode) or out of order, ring and pool wrap;
+        the result is bit-identical to the Python path's. Left to
+        :meth:`add`: Dict observations, other stack axes, dtypes to cast, a
+        cut in the numbered stream (a batch added again is one), and in
+        checked mode an env twice in one batch (see :meth:`_back_up_pending`)
+        or an observation that is not the ``next_obs`` it resolves (refused
+        there). No Python code runs inside the call, so an interrupt lands
+        before it (nothing written, the caller's record still
         set: the caller redoes the batch) or after it (the batch stored and
         the record cleared): a buffer needs no snapshot for it. See
         ``docs/design/pixel-replay.md``.
@@ -323,20 +330,57 @@ class FrameStorage:
             return False
 
     def _add_chunks(self, batch: TransitionBatch) -> np.ndarray:
-        if len(batch) > self.capacity:  # only the newest `capacity` rows survive: add them chunk by chunk
-            chunks = [batch.rows(slice(lo, lo + self.capacity)) for lo in range(0, len(batch), self.capacity)]
-            return [self._add_chunks(chunk) for chunk in chunks][-1]
-        return self._add(batch, *self._checked_obs(batch))
+        """Check ``batch`` in full (nothing written if refused), then store it, in chunks if it is large."""
+        checked = self._checked(batch)
+        if not self.trusted and not _each_once(checked.env):
+            self._back_up_pending(checked.env)
+        count, limit, seq = len(batch), self._chunk_rows(len(batch)), self._stream_seq(batch)
+        if count <= limit:
+            return self._add(batch, checked, seq)
+        # only the newest `capacity` rows survive, and no write may need more frames than the pool holds; the
+        # chunks after the first continue the batch's place in the stream (no cut between them)
+        slots = []
+        for lo in range(0, count, limit):
+            part = slice(lo, lo + limit)
+            rows = _Checked(*(a[part] for a in checked[:-1]), checked.rest.rows(part))
+            slots.append(self._add(batch.rows(part), rows, seq, continued=lo > 0))
+        return np.concatenate(slots)[-self.capacity :]
 
-    def _add(self, batch: TransitionBatch, obs: np.ndarray, next_obs: np.ndarray) -> np.ndarray:
-        count = len(batch)
-        env = np.asarray(batch["env_id"], dtype=np.int64)
-        rest = TransitionBatch({k: v for k, v in batch.items() if k not in _OBS_FIELDS})
-        if self._obs_keys is not None:  # Dict observations: the keys that are not frames are plain fields
-            rest["obs"] = {k: v for k, v in batch["obs"].items() if k != self.frame_key}
-            rest["next_obs"] = {k: v for k, v in batch["next_obs"].items() if k != self.frame_key}
+    def _back_up_pending(self, env: np.ndarray) -> None:
+        """Copy the pending stacks of the envs that occur twice or more in ``env`` (int64 [B]), for a redo.
+
+        An env's ring of ``n + 1`` pending stacks takes one write per add without losing one that the add
+        compared (see :meth:`_add_obs`); a second write of the same add overwrites one. Should that add be
+        cut short, :meth:`_restore_bookkeeping` puts these copies back (the backup names the ``total_added``
+        it was taken at), so the redo compares against the stacks stored before it.
+        """
+        twice = np.flatnonzero(np.bincount(env) > 1)
+        twice = twice[twice < len(self._pending)]
+        self._pending_backup = (self._fields.total_added, twice, self._pending[twice])  # (fancy index: a copy)
+
+    def _chunk_rows(self, count: int, stack: int | None = None) -> int:
+        """Rows of a batch of ``count`` added at once: all, or chunks if it could overflow the ring or the pool.
+
+        A batch of more than ``capacity`` rows, or whose ``count * S`` frames could exceed the pool in one
+        write (``_write_frames`` cannot hold them), goes in chunks of at most ``capacity`` rows whose
+        observation and final stacks (``2 S`` frames a row) fit the pool together. ``stack``: the stack
+        depth (default: the storage's; the first batch passes its own).
+        """
+        stack = stack or self.stack
+        if count <= self.capacity and count * stack <= self.pool_size:
+            return count
+        return min(self.capacity, max(self.pool_size // (2 * stack), 1))
+
+    def _add(self, batch: TransitionBatch, checked: _Checked, seq: int | None, continued: bool = False) -> np.ndarray:
+        """Store ``batch`` (at most :meth:`_chunk_rows` rows), which passed :meth:`_checked`: nothing here refuses.
+
+        ``seq``: the upstream's number of the batch (``None``: not numbered); ``continued``: a chunk after the
+        first of one batch (its number is the chunk before's, not a cut).
+        """
+        count, rest, env, done = len(batch), checked.rest, checked.env, checked.done
+        obs, next_obs = checked.obs, checked.next_obs
         if count == 0:
-            return self._fields.add(rest)
+            return self._fields.write_checked(rest)
         if self.n_step is None:
             self.n_step = 1
         # a vector step holds each env once, in order: then no grouping, and often one slice of the env state
@@ -345,14 +389,10 @@ class FrameStorage:
         else:
             in_order = count == 1 or bool((env[1:] > env[:-1]).all())
             lowest, highest = (int(env[0]), int(env[-1])) if in_order else (int(env.min()), int(env.max()))
-        if lowest < 0:
-            raise ValueError(f"env_id must be >= 0, got {lowest}")
-        done = np.asarray(batch["terminated"], dtype=bool) | np.asarray(batch["truncated"], dtype=bool)
         any_done = bool(done.any())
         self._grow_envs(highest + 1)
         trusted = self.trusted
-        seq = self._stream_seq(batch)
-        if seq is not None:
+        if seq is not None and not continued:
             if self._seen_seq is None or seq != self._seen_seq + 1:
                 # steps are missing (a cut in the stream, a restore, a batch lost to an interrupt): no stored
                 # transition takes a later observation as next_obs, and no stack is trusted to continue
@@ -367,7 +407,7 @@ class FrameStorage:
         else:
             slots = (start + np.arange(count)) % self.capacity
             self._next_refs[slots, 0] = -1
-        self._fields.add(rest)
+        self._fields.write_checked(rest)
         obs_frames, next_frames = self._as_frames(obs), self._as_frames(next_obs)
         if in_order:
             rows_of = slice(lowest, highest + 1) if highest - lowest + 1 == count else None
@@ -446,16 +486,16 @@ class FrameStorage:
     def snapshot(self) -> tuple[Any, ...]:
         """The bookkeeping an :meth:`add` changes, for :meth:`restore` to roll an interrupted add back.
 
-        Counters and the per-env state (one small int64 array; in checked mode
-        also the newest frame of each pending ``next_obs``): no frame array is
-        copied. The slots and pool frames an interrupted add wrote need no
-        copy: they were unsampleable while being written, and the add done
-        again rewrites them.
+        Counters and the per-env state (one small int64 array): no frame array
+        is copied (checked mode's pending stacks are a ring whose head is in
+        the per-env state, and an add writes only its free position). The
+        slots and pool frames an interrupted add wrote need no copy: they
+        were unsampleable while being written, and the add done again
+        rewrites them.
         """
         fields = self._fields
-        pending = None if self.trusted or self._pending is None else self._pending.copy()
         state = self._state.array.copy()
-        return (fields.cursor, fields.size, fields.total_added, state, pending, self._seen_seq, self._retained)
+        return (fields.cursor, fields.size, fields.total_added, state, self._seen_seq, self._retained)
 
     def restore(self, snapshot: tuple[Any, ...]) -> None:
         """Roll the bookkeeping back to ``snapshot`` (taken by :meth:`snapshot` before an add that was cut short).
@@ -468,24 +508,61 @@ class FrameStorage:
         self._journal = None
 
     def _restore_bookkeeping(self, snapshot: tuple[Any, ...]) -> None:
-        cursor, size, total_added, state, pending, seen_seq, self._retained = snapshot
+        cursor, size, total_added, state, seen_seq, self._retained = snapshot
         self._plan = None  # (it holds the arrays replaced here)
-        if state.shape[1] != 2 * self.stack + 1 + (self.n_step or 1) or (
-            pending is not None and pending.shape[2:] != getattr(self, "frame_shape", ())
-        ):
+        if state.shape[1] != _EnvState.width(self.stack, self.n_step or 1):
             # taken before the first add allocated (a placeholder for a stack of 1): nothing was stored then
             self._allocate_env_state(0)
-            pending = None
         else:
             self._state = _EnvState(state.copy(), self.stack, self.n_step or 1)
-        if pending is not None:
-            self._pending = pending.copy()
+            self._pending = self._pending[: len(state)]  # (envs first seen by the rolled-back add are dropped)
+            backup = self._pending_backup
+            if backup is not None and backup[0] == total_added:  # pending stacks the rolled-back add overwrote
+                self._pending[backup[1]] = backup[2]
         self._seen_seq = seen_seq
         fields = self._fields
         fields.cursor, fields.size, fields.total_added = cursor, size, total_added
 
-    def _checked_obs(self, batch: TransitionBatch) -> tuple[np.ndarray, np.ndarray]:
-        """The framed part of ``obs`` and ``next_obs`` of ``batch``, checked to have the stored shape and dtype."""
+    def _checked(self, batch: TransitionBatch) -> _Checked:
+        """Every check of an add, before its first write: the parts of ``batch`` to store, or a ``ValueError``.
+
+        Checked: the fields ``obs`` / ``next_obs`` (shape and dtype, see
+        :meth:`_checked_obs`), the other fields (the inner storage's check),
+        ``env_id >= 0``, and in checked mode that each observation is the whole
+        ``next_obs`` stack of the transition it resolves (see
+        :meth:`_check_next_obs`). The first batch allocates the storage only
+        once it passed: a refused first batch leaves it unallocated.
+        """
+        first = self.pool is None
+        try:
+            obs, next_obs, keys, frame_key = self._checked_obs(batch)
+            rest = TransitionBatch({k: v for k, v in batch.items() if k not in _OBS_FIELDS})
+            if keys is not None:  # Dict observations: the keys that are not frames are plain fields
+                rest["obs"] = {k: v for k, v in batch["obs"].items() if k != frame_key}
+                rest["next_obs"] = {k: v for k, v in batch["next_obs"].items() if k != frame_key}
+            self._fields.check(rest)
+            env = np.asarray(batch["env_id"], dtype=np.int64)  # (int64 [B] now: the inner check passed)
+            if len(env) and env.min() < 0:
+                raise ValueError(f"env_id must be >= 0, got {env.min()}; number the envs 0, 1, ...")
+            done = np.asarray(batch["terminated"], dtype=bool) | np.asarray(batch["truncated"], dtype=bool)
+            axis, stack, _ = self._layout(obs.shape[1:]) if first else (self._axis, self.stack, None)
+            if len(env) and not self.trusted:
+                frames = (_frames_of(obs, axis), _frames_of(next_obs, axis))
+                self._check_next_obs(batch, env, *frames, done, self._chunk_rows(len(env), stack))
+        except (TypeError, ValueError):
+            if first:  # (the inner check allocated the other fields from this batch)
+                self._fields.fields = None
+            raise
+        if first:
+            self._allocate(obs, keys, frame_key)
+        return _Checked(obs, next_obs, env, done, rest)
+
+    def _checked_obs(self, batch: TransitionBatch) -> tuple[np.ndarray, np.ndarray, tuple[str, ...] | None, str | None]:
+        """The framed part of ``obs`` and ``next_obs`` of ``batch``, checked to have the stored shape and dtype.
+
+        Also the sorted observation keys and the frame key (``None, None`` for array observations); for the
+        first batch they are chosen here and set when the storage allocates.
+        """
         for name in (*_OBS_FIELDS, "env_id", "terminated", "truncated"):
             if name not in batch:
                 raise ValueError(
@@ -493,42 +570,124 @@ class FrameStorage:
                     "transitions as an ExperienceSource / NStepTransform produces them"
                 )
         obs, next_obs = batch["obs"], batch["next_obs"]
-        if self.pool is None:
-            self._obs_keys = self._choose_frame_key(obs)
-        if (self._obs_keys is None) != (not isinstance(obs, dict)) or isinstance(obs, dict) != isinstance(
-            next_obs, dict
-        ):
+        first = self.pool is None
+        keys, frame_key = self._choose_frame_key(obs) if first else (self._obs_keys, self.frame_key)
+        if (keys is None) != (not isinstance(obs, dict)) or isinstance(obs, dict) != isinstance(next_obs, dict):
             raise ValueError(
                 "obs and next_obs must both be arrays or both be dicts, as in the first batch this FrameStorage stored"
             )
-        if self._obs_keys is not None:
+        if keys is not None:
             for name, value in (("obs", obs), ("next_obs", next_obs)):
-                if tuple(sorted(value)) != self._obs_keys:
+                if tuple(sorted(value)) != keys:
                     raise ValueError(
-                        f"field {name!r} has the keys {sorted(value)}; the FrameStorage stores {list(self._obs_keys)} "
+                        f"field {name!r} has the keys {sorted(value)}; the FrameStorage stores {list(keys)} "
                         "(from the first batch). Every batch must carry the same observation keys."
                     )
-            obs, next_obs = obs[self.frame_key], next_obs[self.frame_key]
+            obs, next_obs = obs[frame_key], next_obs[frame_key]
         obs, next_obs = np.asarray(obs), np.asarray(next_obs)
-        if self.pool is None:
-            self._allocate(obs)
+        shape, dtype = (obs.shape[1:], obs.dtype) if first else (self.obs_shape, self.obs_dtype)
+        if first:
+            self._layout(shape)  # (refuses a stack_axis the observations do not have)
         for name, value in (("obs", obs), ("next_obs", next_obs)):
-            if value.shape[1:] != self.obs_shape or value.dtype != self.obs_dtype or len(value) != len(batch):
-                where = name if self._obs_keys is None else f"{name}.{self.frame_key}"
+            if value.shape[1:] != shape or value.dtype != dtype or len(value) != len(batch):
+                where = name if keys is None else f"{name}.{frame_key}"
                 raise ValueError(
                     f"field {where!r} has shape {value.shape} and dtype {value.dtype}; the FrameStorage stores "
-                    f"{len(batch)} rows (one per transition) of shape {self.obs_shape} and dtype {self.obs_dtype} "
+                    f"{len(batch)} rows (one per transition) of shape {shape} and dtype {dtype} "
                     "(allocated from the first batch). Every batch added to one buffer must carry observations of "
                     "one shape and dtype."
                 )
-        return obs, next_obs
+        return obs, next_obs, keys, frame_key
 
-    def _choose_frame_key(self, obs: Any) -> tuple[str, ...] | None:
-        """For Dict observations: check or choose ``frame_key``, and return the sorted keys (``None`` for arrays)."""
+    def _check_next_obs(
+        self,
+        batch: TransitionBatch,
+        env: np.ndarray,
+        obs_frames: np.ndarray,
+        next_frames: np.ndarray,
+        done: np.ndarray,
+        chunk_rows: int,
+    ) -> None:
+        """Checked mode: refuse ``batch`` unless each observation equals the ``next_obs`` it will be stored as.
+
+        An observation of env ``e`` (frames [B, S, *frame]) is stored once and is the ``next_obs`` of the env's
+        transition ``n_step`` rows earlier that still waits for one (stored before, its whole stack kept in
+        ``_pending``, or a row of this batch). Both stacks are compared whole, for every row, before anything is
+        written: the rows of one env in time order, as the writes would resolve them (chunk by chunk for a batch
+        of more than ``chunk_rows`` rows).
+        """
+        count, n, state = len(env), self.n_step or 1, self._state
+        total = self._fields.total_added
+        seq = self._stream_seq(batch)
+        cut = seq is not None and (self._seen_seq is None or seq != self._seen_seq + 1)  # (then nothing waits)
+        if not cut and count <= chunk_rows and len(state.array) > env.max() and _each_once(env):
+            # the common step: each row resolves the oldest stored stack of its env, if that one still waits
+            gen = state.recent[env, 0]
+            waiting = gen >= max(total + count - self.capacity, 0)
+            r = np.arange(count) if waiting.all() else np.flatnonzero(waiting)
+            want = self._pending[env[r], state.head[env[r]]]
+            if len(r) and not _rows_equal(want, obs_frames if len(r) == count else obs_frames[r]).all():
+                bad = int(np.flatnonzero(~_rows_equal(want, obs_frames[r]))[0])
+                self._refuse_next_obs(int(r[bad]), int(env[r[bad]]), int(gen[r[bad]]), want[bad], obs_frames[r[bad]])
+            return
+        rows = np.arange(count)
+        # transitions still stored when a row is written: the row's chunk is stored by then
+        if count <= chunk_rows:
+            floor = np.full(count, max(total + count - self.capacity, 0))
+        else:
+            floor = np.maximum(total + np.minimum((rows // chunk_rows + 1) * chunk_rows, count) - self.capacity, 0)
+        each_once = _each_once(env)
+        occurrence = np.zeros(count, dtype=np.int64) if each_once else rank_within_group(env)
+        checks = []  # (rows, the stacks they must equal, those stacks' transition numbers)
+        if not cut:
+            r = np.flatnonzero((occurrence < n) & (env < len(state.array)))
+            gen = state.recent[env[r], occurrence[r]]
+            r, gen = r[gen >= floor[r]], gen[gen >= floor[r]]
+            position = (state.head[env[r]] + occurrence[r]) % (n + 1)  # (the k-th oldest of the env's ring)
+            checks.append((r, self._pending[env[r], position], gen))
+        if not each_once:  # an env's row k resolves its row k - n of this batch
+            order = np.argsort(env, kind="stable")
+            position = np.empty(count, dtype=np.int64)
+            position[order] = rows
+            r = np.flatnonzero(occurrence >= n)
+            back = order[position[r] - n]
+            gen = np.where(done[back], -1, total + back)
+            keep = gen >= floor[r]
+            checks.append((r[keep], next_frames[back[keep]], gen[keep]))
+        refused = []  # (row, transition number, the stack it had to equal) of each mismatch
+        for r, want, gen in checks:
+            if len(r):
+                refused += [(r[b], gen[b], want[b]) for b in np.flatnonzero(~_rows_equal(want, obs_frames[r]))]
+        if refused:
+            row, number, want = min(refused, key=lambda bad: bad[0])  # (the earliest row)
+            self._refuse_next_obs(int(row), int(env[row]), int(number), want, obs_frames[row])
+
+    def _refuse_next_obs(self, row: int, env: int, number: int, want: np.ndarray, got: np.ndarray) -> None:
+        """Raise for row ``row`` (env ``env``) whose obs stack ``got`` is not the next_obs ``want`` of ``number``."""
+        n = self.n_step or 1
+        where = (
+            f"row {row} of the batch (env {env}): its obs is not the next_obs of env {env}'s transition number "
+            f"{number} (counted from 0 over all adds), {n} step(s) earlier"
+        )
+        if not _rows_equal(want[-1:], got[-1:])[0]:
+            raise ValueError(
+                f"{where}. This FrameStorage has n_step={n}: set n_step to the n of the NStepTransform that "
+                "feeds the buffer (1 for 1-step data), and add every step of each env once, in time order."
+            )
+        differ = [j for j in range(len(want) - 1) if not _rows_equal(want[j : j + 1], got[j : j + 1])[0]]
+        raise ValueError(
+            f"{where}: their newest frames agree, but frame(s) {differ} of the stack (oldest first) differ. "
+            "FrameStorage stores that obs once, also as the earlier transition's next_obs, so the batch is refused. "
+            "Give each transition the next_obs its env returned, or mark a step whose next_obs is not the next "
+            "obs (a reset) as terminated or truncated."
+        )
+
+    def _choose_frame_key(self, obs: Any) -> tuple[tuple[str, ...] | None, str | None]:
+        """For Dict observations: the sorted keys and the frame key, checked or chosen (``None, None`` for arrays)."""
         if not isinstance(obs, dict):
             if self.frame_key is not None:
                 raise ValueError(f"frame_key={self.frame_key!r} is for Dict observations; these are arrays: drop it")
-            return None
+            return None, None
         keys = tuple(sorted(obs))
         if any(isinstance(v, dict) for v in obs.values()):
             raise ValueError("FrameStorage stores Dict observations one level deep; flatten nested dicts first")
@@ -539,25 +698,36 @@ class FrameStorage:
                     f"Dict observations with keys {list(keys)}: pass frame_key= naming the key whose observations "
                     f"are frames to store once (found {len(pixels)} keys with 2+ dims per observation: {pixels})"
                 )
-            self.frame_key = pixels[0]
-        elif self.frame_key not in obs:
+            return keys, pixels[0]
+        if self.frame_key not in obs:
             raise ValueError(f"frame_key={self.frame_key!r} is not a key of the observations {list(keys)}")
-        return keys
+        return keys, self.frame_key
 
-    def _allocate(self, obs: np.ndarray) -> None:
-        self.obs_dtype, self.obs_shape = obs.dtype, tuple(obs.shape[1:])
+    def _layout(self, obs_shape: tuple[int, ...]) -> tuple[int | None, int, tuple[int, ...]]:
+        """(stack axis within an observation or ``None``, stack depth S, frame shape) for observations ``obs_shape``.
+
+        Raises for a ``stack_axis`` the observations do not have, and for a pool that cannot hold one stack.
+        """
         if self.stack_axis is None:
-            self._axis, self.stack, frame = None, 1, self.obs_shape
-        else:
-            ndim = len(self.obs_shape)
-            if not -ndim <= self.stack_axis < ndim:
-                raise ValueError(
-                    f"stack_axis={self.stack_axis} is not an axis of observations of shape {self.obs_shape}; pass "
-                    "the axis along which frames are stacked (0 for gymnasium's FrameStackObservation), or None"
-                )
-            self._axis = self.stack_axis % ndim
-            self.stack = self.obs_shape[self._axis]
-            frame = self.obs_shape[: self._axis] + self.obs_shape[self._axis + 1 :]
+            return None, 1, tuple(obs_shape)
+        ndim = len(obs_shape)
+        if not -ndim <= self.stack_axis < ndim:
+            raise ValueError(
+                f"stack_axis={self.stack_axis} is not an axis of observations of shape {obs_shape}; pass "
+                "the axis along which frames are stacked (0 for gymnasium's FrameStackObservation), or None"
+            )
+        axis = self.stack_axis % ndim
+        stack = obs_shape[axis]
+        if stack > self.pool_size:
+            raise ValueError(
+                f"a stack of {stack} frames does not fit the pool of {self.pool_size} frames; raise extra_frames"
+            )
+        return axis, stack, tuple(obs_shape[:axis] + obs_shape[axis + 1 :])
+
+    def _allocate(self, obs: np.ndarray, keys: tuple[str, ...] | None = None, frame_key: str | None = None) -> None:
+        self.obs_dtype, self.obs_shape = obs.dtype, tuple(obs.shape[1:])
+        self._axis, self.stack, frame = self._layout(self.obs_shape)
+        self._obs_keys, self.frame_key = keys, frame_key
         self.frame_shape = tuple(frame)
         pool = self._array("pool", (self.pool_size, *frame), self.obs_dtype, 0)
         self._obs_refs = self._array("obs_refs", (self.capacity, self.stack), np.int64, -1)
@@ -574,9 +744,7 @@ class FrameStorage:
 
     def _as_frames(self, obs: np.ndarray) -> np.ndarray:
         """``obs`` [B, *obs_shape] as ``[B, S, *frame]`` (a view)."""
-        if self._axis is None:
-            return obs[:, None]
-        return np.moveaxis(obs, 1 + self._axis, 1) if self._axis else obs
+        return _frames_of(obs, self._axis)
 
     def _add_obs(
         self,
@@ -620,15 +788,15 @@ class FrameStorage:
             self._obs_refs[slots] = last
         # the transition n_step observations of this env back has this observation as next_obs, if it waits for
         # one (its number is the oldest in `recent`, -1 if none) and was not overwritten since
-        recent = row_state[:, trust_col + 1 :]
+        recent = row_state[:, trust_col + 1 : trust_col + 1 + self.n_step]
         waiting_gen = recent[:, 0]
         waiting = waiting_gen >= max(self._fields.total_added - self.capacity, 0)
-        if not trusted:
-            w = np.flatnonzero(waiting)
-            if len(w):
-                self._check_pending(env[w], obs_frames[w, -1])
-            self._pending[env, :-1] = self._pending[env, 1:]
-            self._pending[env, -1] = next_frames[:, -1]
+        if not trusted:  # (the whole stack: the obs n rows later is checked against it, see _check_next_obs)
+            # into the ring's free position, the oldest stays where it is: an add redone after an interrupt
+            # (head rolled back with the env state) finds the stacks it compares unchanged, so no snapshot copies them
+            head, ring = row_state[:, -1], self.n_step + 1
+            self._pending[env, (head + self.n_step) % ring] = next_frames
+            row_state[:, -1] = (head + 1) % ring
         if waiting.all():
             self._next_refs[waiting_gen % self.capacity] = last
         elif waiting.any():
@@ -642,17 +810,6 @@ class FrameStorage:
             recent[done, -1] = -1  # an ended transition has its final observation: it waits for nothing
         if rows_of is None:
             state.array[env] = row_state
-
-    def _check_pending(self, env: np.ndarray, newest: np.ndarray) -> None:
-        """Raise unless ``newest`` (frames [R, *frame]) are the newest frames of the pending next_obs they resolve."""
-        matches = _rows_equal(self._pending[env, 0], newest)
-        if not matches.all():
-            n = self.n_step
-            raise ValueError(
-                f"next_obs of a stored transition of env {int(env[~matches][0])} is not the obs {n} transition(s) "
-                f"later: this FrameStorage has n_step={n}. Set n_step to the n of the NStepTransform that feeds "
-                "the buffer (1 for 1-step data), and add every step of each env once, in time order."
-            )
 
     def _add_finals(self, rows: np.ndarray, env: np.ndarray, slots: np.ndarray, next_frames: np.ndarray) -> None:
         """Store the final observations of the ended ``rows`` (at most one per env): shared by one episode's tails."""
@@ -749,9 +906,11 @@ class FrameStorage:
         self._plan = None  # (it holds the arrays replaced here)
         n = self.n_step or 1
         self._state = _EnvState.empty(num_envs, self.stack, n)
+        self._pending_backup: tuple[int, np.ndarray, np.ndarray] | None = None  # (see _back_up_pending)
         frame = getattr(self, "frame_shape", ())
-        # the newest frame of each pending next_obs, checked against the obs that resolves it (checked mode)
-        self._pending = np.zeros((num_envs, n, *frame), dtype=self.obs_dtype or np.uint8)  # oldest first
+        # the stack of each pending next_obs, checked against the obs that resolves it (checked mode): per env a
+        # ring of n + 1, the oldest at the env's `head`, the newest n - 1 after it, and one free position
+        self._pending = np.zeros((num_envs, n + 1, self.stack, *frame), dtype=self.obs_dtype or np.uint8)
         self._env_range = np.arange(max(num_envs, 64))
         self._env_range_bytes = self._env_range.astype(np.int64).tobytes()
 
@@ -903,7 +1062,7 @@ class FrameStorage:
         pool = arrays["pool"]
         sample_obs = np.zeros((1, *self._obs_shape_from(pool.shape[1:], arrays["obs_refs"].shape[1])), pool.dtype)
         if self.pool is None:
-            self._allocate(sample_obs)
+            self._allocate(sample_obs, self._obs_keys, self.frame_key)
         self.pool[: len(pool)] = pool
         self.frames_written = int(meta["frames_written"])
         self._obs_refs[:size] = arrays["obs_refs"]
@@ -945,6 +1104,28 @@ class FrameStorage:
         )
 
 
+class _Checked(NamedTuple):
+    """A batch's parts that passed :meth:`FrameStorage._checked` (rows first; ``rest`` last)."""
+
+    obs: np.ndarray  # the framed part of obs [B, *obs_shape]
+    next_obs: np.ndarray  # [B, *obs_shape]
+    env: np.ndarray  # int64 [B], >= 0
+    done: np.ndarray  # bool [B]: terminated | truncated
+    rest: TransitionBatch  # the other fields (and the other keys of Dict observations)
+
+
+def _each_once(env: np.ndarray) -> bool:
+    """Whether no env occurs twice in ``env`` (int [B]); a sufficient test: the envs in increasing order."""
+    return len(env) <= 1 or bool((env[1:] > env[:-1]).all())
+
+
+def _frames_of(obs: np.ndarray, axis: int | None) -> np.ndarray:
+    """``obs`` [B, *obs_shape] as ``[B, S, *frame]`` (a view), its stack along ``axis`` of an observation."""
+    if axis is None:
+        return obs[:, None]
+    return np.moveaxis(obs, 1 + axis, 1) if axis else obs
+
+
 def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Bitwise equality of each row of ``a`` and ``b`` (same shape and dtype, [R, ...]) as bool [R]."""
     rows = a.shape[0]
@@ -983,20 +1164,27 @@ class _EnvState:
     newest (``trust``), and, oldest first, the numbers of the transitions of
     its last ``n`` observations that wait for their ``next_obs`` (``recent``,
     a shift register; -1 for none; a transition's slot is its number modulo
-    ``capacity``).
+    ``capacity``), and where the oldest of their ``next_obs`` stacks is in
+    the env's ring of ``n + 1`` pending stacks (``head``, checked mode).
     """
 
-    __slots__ = ("array", "last", "final", "trust", "recent")
+    __slots__ = ("array", "last", "final", "trust", "recent", "head")
 
     def __init__(self, array: np.ndarray, stack: int, n: int) -> None:
         s = stack
         self.array = array
         self.last, self.final = array[:, :s], array[:, s : 2 * s]
         self.trust, self.recent = array[:, 2 * s], array[:, 2 * s + 1 : 2 * s + 1 + n]
+        self.head = array[:, 2 * s + 1 + n]
+
+    @staticmethod
+    def width(stack: int, n: int) -> int:
+        """Columns of the array: ``last``, ``final`` (S each), ``trust``, ``recent`` (n), ``head``."""
+        return 2 * stack + 2 + n
 
     @classmethod
     def empty(cls, num_envs: int, stack: int, n: int) -> _EnvState:
-        state = cls(np.zeros((num_envs, 2 * stack + 1 + n), dtype=np.int64), stack, n)
+        state = cls(np.zeros((num_envs, cls.width(stack, n)), dtype=np.int64), stack, n)
         state.last[:] = -1
         state.final[:] = -1
         state.recent[:] = -1

@@ -180,6 +180,10 @@ class ReplayBuffer:
         :func:`storage_snapshot`) and writes the interrupted batch again, in full, into the same slots.
         A storage with ``try_atomic_add`` (``FrameStorage``'s compiled insert) writes the batch and
         clears this record in one call that no interrupt can split, so no snapshot is taken then.
+
+        A batch the storage refuses (``ValueError``/``TypeError``: a wrong shape or dtype, stacks that
+        do not fit) is refused before anything is written: the buffer stays as it was, and the batch
+        is forgotten, not redone by the next call.
         """
         if self._unfinished_add is not None:  # (checked here: a call fewer on the common add)
             self._finish_interrupted_add()
@@ -189,10 +193,21 @@ class ReplayBuffer:
             slots = self._atomic_add(batch, self, "_unfinished_add")
             if slots is not None:
                 return slots
-        self._unfinished_add = (storage_snapshot(storage), batch)
-        slots = storage.add(batch)
+        saved = storage_snapshot(storage)
+        self._unfinished_add = (saved, batch)
+        try:
+            slots = storage.add(batch)
+        except (TypeError, ValueError):
+            self._refused(saved)
+            raise
         self._unfinished_add = None
         return slots
+
+    def _refused(self, saved: Any) -> None:
+        """Forget a batch the storage refused: an error in the data, not an interrupt, so it is never redone."""
+        # (the storages refuse before writing; the roll-back covers one that does not)
+        restore_storage(self.storage, saved)
+        self._unfinished_add = None
 
     def _finish_interrupted_add(self) -> None:
         """Write again, in full, a batch whose add an interrupt cut short (before anything reads the storage)."""
@@ -206,8 +221,7 @@ class ReplayBuffer:
         try:
             storage.add(unfinished)
         except (TypeError, ValueError):
-            # the storage rejects that batch: that was the error, not an interrupt, and a
-            # rejected batch is refused before anything is written
+            # refused: the interrupt landed before the storage's check, which refuses it now (before any write)
             restore_storage(storage, saved)
         self._unfinished_add = None
 

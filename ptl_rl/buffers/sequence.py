@@ -221,7 +221,12 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
             saved, per_env = storage_snapshot(self.storage), self._per_env_state()
         restore_storage(self.storage, saved)
         self._env_steps, self._episode_start, self._recent_slot, self._recent_gen = (a.copy() for a in per_env)
-        self._store_and_link(batch, np.asarray(batch["env_id"], dtype=np.int64))
+        try:
+            self._store_and_link(batch, np.asarray(batch["env_id"], dtype=np.int64))
+        except (TypeError, ValueError):
+            # refused: the interrupt landed before the storage's check, which refuses it now (before any write);
+            # an error in the data, so it is dropped, not redone by every later call
+            restore_storage(self.storage, saved)
         self._journal = None
 
     def _per_env_state(self) -> tuple[np.ndarray, ...]:

@@ -60,11 +60,29 @@ class ArrayStorage:
         """Copy the ``B`` rows of ``batch`` into the ring; returns the slots written (int64 [B'], read-only).
 
         Raises ``ValueError`` before writing anything if a field's trailing shape or dtype differs
-        from what the ring stores (see the class docstring).
+        from what the ring stores (see the class docstring): a refused batch changes nothing.
         """
-        if self.fields is None:
-            self._allocate(batch)
-        self._check(batch)
+        self.check(batch)
+        return self.write_checked(batch)
+
+    def check(self, batch: TransitionBatch) -> None:
+        """Raise ``ValueError`` if :meth:`add` would refuse ``batch``; changes nothing the ring holds.
+
+        The first batch allocates the ring from its own fields; if that batch is refused, the
+        allocation is undone, so a refused first batch does not fix the stored layout either.
+        """
+        if self.fields is not None:
+            self._check(batch)
+            return
+        self._allocate(batch)
+        try:
+            self._check(batch)
+        except (TypeError, ValueError):
+            self.fields = None  # (the next batch allocates again, from its own fields)
+            raise
+
+    def write_checked(self, batch: TransitionBatch) -> np.ndarray:
+        """:meth:`add` without the check: only for a ``batch`` that passed :meth:`check` (int64 [B'], read-only)."""
         count = len(batch)
         if count == 0:
             return np.zeros(0, dtype=np.int64)

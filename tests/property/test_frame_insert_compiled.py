@@ -275,7 +275,9 @@ def test_long_batches_of_few_envs_wrap_alike(check):
         batch = batch.rows(order)
         np.testing.assert_array_equal(fast.add(batch), pure.add(batch))
         assert_same(fast, pure, f"batch at {i}")
-    assert counting.taken > 3
+    # checked, an env twice in a batch is left to the Python path: it backs up the pending stacks that the
+    # env's second write overwrites, for a caller that rolls the add back (docs/design/pixel-replay.md)
+    assert counting.taken > 3 if not check else counting.taken == 0
     assert_same_samples(fast, pure)
 
 
