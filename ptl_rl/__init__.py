@@ -57,6 +57,7 @@ _PUBLIC_API: dict[str, str] = {
     "RLDataModule": "ptl_rl.lightning",
     "to_dataloader": "ptl_rl.lightning",
     "NStepTransform": "ptl_rl.nstep",
+    "NormalizationModule": "ptl_rl.normalization",
     "NormalizeObservations": "ptl_rl.normalization",
     "NormalizeSampledObservations": "ptl_rl.normalization",
     "NormalizedAgent": "ptl_rl.normalization",
@@ -108,6 +109,7 @@ __all__ = [
     "MinariSource",
     "NStepTransform",
     "NormalizationSync",
+    "NormalizationModule",
     "NormalizeObservations",
     "NormalizeSampledObservations",
     "NormalizedAgent",
@@ -190,6 +192,7 @@ if TYPE_CHECKING:
         to_dataloader,
     )
     from ptl_rl.normalization import (
+        NormalizationModule,
         NormalizedAgent,
         NormalizeObservations,
         NormalizeSampledObservations,
