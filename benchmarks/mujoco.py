@@ -258,6 +258,52 @@ def table() -> str:
     return "\n".join(rows)
 
 
+def rst_table() -> str:
+    """The README's results table: per algo, env and budget, ptl_rl's seeds and CleanRL here and published."""
+
+    def fmt(values: list[float]) -> str:
+        if not values:
+            return "-"
+        mean = sum(values) / len(values)
+        spread = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+        return f"{mean:.0f} +- {spread:.0f} (n={len(values)})" if len(values) > 1 else f"{mean:.0f} (n=1)"
+
+    results = load_results()
+    lines = [
+        ".. list-table::",
+        "   :header-rows: 1",
+        "",
+        "   * - algo, env, env steps",
+        "     - ptl_rl: last 10 training episodes",
+        "     - ptl_rl: 10 greedy episodes",
+        "     - CleanRL here (last 10)",
+        "     - CleanRL published",
+        "     - CPU per env step: ptl_rl / CleanRL",
+    ]
+    for algo, env_id, steps in sorted({(r["algo"], r["env_id"], r["env_steps"]) for r in results}):
+
+        def pick(lib: str, key: str, a: str = algo, e: str = env_id, n: int = steps) -> list[float]:
+            run = (lib, a, e, n)
+            return [r[key] for r in results if (r["lib"], r["algo"], r["env_id"], r["env_steps"]) == run and r[key]]
+
+        published = PUBLISHED.get((algo, env_id.split("-")[0])) if steps == 1_000_000 else None
+        ours_cpu, theirs_cpu = pick("ptl_rl", "cpu_us_per_env_step"), pick("cleanrl", "cpu_us_per_env_step")
+        ratio = (
+            f"{sum(ours_cpu) / len(ours_cpu):.0f} / {sum(theirs_cpu) / len(theirs_cpu):.0f} us"
+            if ours_cpu and theirs_cpu
+            else "-"
+        )
+        lines += [
+            f"   * - {algo.upper()}, {env_id}, {steps:,}",
+            f"     - {fmt(pick('ptl_rl', 'final_return'))}",
+            f"     - {fmt(pick('ptl_rl', 'greedy_return'))}",
+            f"     - {fmt(pick('cleanrl', 'final_return'))}",
+            f"     - {f'{published[0]:.0f} +- {published[1]:.0f} (v4)' if published else '-'}",
+            f"     - {ratio}",
+        ]
+    return "\n".join(lines)
+
+
 def main() -> None:
     global RESULTS  # noqa: PLW0603 - one results file per invocation
     if len(sys.argv) > 1 and sys.argv[1] == "_cleanrl":  # the child process of a CleanRL run
@@ -284,6 +330,8 @@ def main() -> None:
     RESULTS = Path(args.results)
     if args.table:
         print(table())
+        print()
+        print(rst_table())
         return
     runs_dir = Path(args.runs_dir)
     plan = []
