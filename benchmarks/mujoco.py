@@ -284,7 +284,8 @@ def rst_table() -> str:
 
         def pick(lib: str, key: str, a: str = algo, e: str = env_id, n: int = steps) -> list[float]:
             run = (lib, a, e, n)
-            return [r[key] for r in results if (r["lib"], r["algo"], r["env_id"], r["env_steps"]) == run and r[key]]
+            rows = [r for r in results if (r["lib"], r["algo"], r["env_id"], r["env_steps"]) == run]
+            return [r[key] for r in rows if r[key] is not None]
 
         published = PUBLISHED.get((algo, env_id.split("-")[0])) if steps == 1_000_000 else None
         ours_cpu, theirs_cpu = pick("ptl_rl", "cpu_us_per_env_step"), pick("cleanrl", "cpu_us_per_env_step")
