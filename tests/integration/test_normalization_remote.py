@@ -11,7 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from normalized_collector import CLIP, OBS_SHAPE, normalized_cartpole_collector, policy_network
+from normalized_collector import (
+    CLIP,
+    OBS_SHAPE,
+    check_rows_per_version,
+    normalized_cartpole_collector,
+    policy_network,
+)
 
 import ptl_rl
 from ptl_rl.distributed import AsyncSource
@@ -35,15 +41,8 @@ def test_rows_of_each_version_were_normalized_with_the_statistics_pushed_as_that
                 snapshots[version] = (policy[0].shift.clone(), policy[0].scale.clone())
     finally:
         source.close()
+    assert check_rows_per_version(rows, snapshots) >= 3, "the collector never moved on to newer weights"
     obs = np.concatenate([r["obs"] for r in rows])
-    seen = np.concatenate([r["seen"] for r in rows])
-    versions = np.concatenate([r["policy_version"] for r in rows])
-    assert len(set(versions.tolist())) >= 3, "the collector never moved on to newer weights"
-    for version in np.unique(versions):
-        shift, scale = (t.numpy().astype(np.float64) for t in snapshots[int(version)])
-        rows_v = versions == version
-        expected = np.clip((obs[rows_v] - shift) * scale, -CLIP, CLIP)
-        np.testing.assert_allclose(seen[rows_v], expected, rtol=1e-5, atol=1e-5)
     # the learner's statistics hold exactly the rows it took in, which stay raw in the batches
     assert norm.count == len(obs)
     np.testing.assert_allclose(norm.mean, obs.astype(np.float64).mean(0), rtol=1e-9, atol=1e-9)

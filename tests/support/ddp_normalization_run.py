@@ -18,30 +18,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
+from taps import Tap  # the script's folder is first on sys.path
 from torch import nn
 
 import ptl_rl
-
-
-class Tap:
-    """A per-step stage that keeps a copy of every raw observation batch going through it."""
-
-    one_row_per_env = True
-
-    def __init__(self, upstream) -> None:
-        self.upstream, self.obs, self.returns_input = upstream, [], []
-
-    @property
-    def stream_seq(self) -> int:
-        return self.upstream.stream_seq
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        batch = next(self.upstream)
-        self.obs.append(np.array(batch.obs, copy=True))
-        return batch
 
 
 def main(out: Path, package: str) -> None:
@@ -79,7 +59,7 @@ def main(out: Path, package: str) -> None:
     moments = norm.normalizer.statistics.moments
     torch.save(
         {
-            "raw_obs": torch.from_numpy(np.concatenate(tap.obs)),
+            "raw_obs": torch.from_numpy(np.concatenate([raw["obs"] for raw in tap.raw])),
             "count": moments.count,
             "mean": torch.from_numpy(np.asarray(moments.mean)),
             "var": torch.from_numpy(np.asarray(moments.var)),

@@ -44,3 +44,17 @@ def normalized_cartpole_collector(info: WorkerInfo) -> Collector:
     policy = policy_network()
     source = ExperienceSource(env, SeeingAgent(policy), seed=info.rank, rank=info.rank)
     return Collector(source, policy)
+
+
+def check_rows_per_version(rows: list[dict[str, np.ndarray]], snapshots: dict[int, tuple[torch.Tensor, ...]]) -> int:
+    """Each row of ``policy_version`` v was seen by the collector's network as the (shift, scale) pushed as v.
+
+    ``rows``: dicts of ``obs``, ``seen``, ``policy_version``; ``snapshots[v]``: the learner's buffers at push v.
+    Returns the number of versions the rows span.
+    """
+    obs, seen, versions = (np.concatenate([r[k] for r in rows]) for k in ("obs", "seen", "policy_version"))
+    for version in np.unique(versions):
+        shift, scale = (t.numpy().astype(np.float64) for t in snapshots[int(version)])
+        expected = np.clip((obs[versions == version] - shift) * scale, -CLIP, CLIP)
+        np.testing.assert_allclose(seen[versions == version], expected, rtol=1e-5, atol=1e-5)
+    return len(np.unique(versions))
