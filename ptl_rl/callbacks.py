@@ -84,7 +84,7 @@ class EpisodeStatsLogger(_PipelineCallback):
             return
         for logger in trainer.loggers:
             logger.log_metrics({"env_steps": source.total_steps}, step=trainer.global_step)
-        if self.prog_bar:
+        if self.prog_bar and trainer.progress_bar_callback is not None:  # a self.log costs about a gradient step
             stats = source.episode_stats()
             pl_module.log("env_steps", stats["env_steps"], prog_bar=True, logger=False, on_step=True, on_epoch=False)
             if "return_mean" in stats:

@@ -418,7 +418,19 @@ def test_every_episode_is_logged_against_env_steps(L, tmp_path) -> None:
     assert episodes == [(e.ret, e.total_steps) for e in finished[: len(episodes)]]
     env_steps = [m["env_steps"] for m, _ in logged if "env_steps" in m]
     assert env_steps and all(isinstance(v, int) for v in env_steps)
-    assert "env_steps" in fit.progress_bar_metrics
+    assert "env_steps" not in fit.progress_bar_metrics  # no bar to show it: no self.log (it costs a gradient step)
+
+
+def test_the_progress_bar_shows_env_steps_and_return(L, tmp_path) -> None:
+    net, sampler = build_pipeline()
+    fit = trainer(
+        L, max_steps=120, enable_progress_bar=True, default_root_dir=tmp_path,
+        callbacks=[ptl_rl.EpisodeStatsLogger(sampler, every_n_steps=50)],
+    )  # fmt: skip
+    fit.fit(q_module_class(L)(net), train_dataloaders=ptl_rl.to_dataloader(sampler))
+    source = ptl_rl.find_stage(sampler, ptl_rl.ExperienceSource)
+    assert fit.progress_bar_metrics["env_steps"] <= source.total_steps
+    assert "return" in fit.progress_bar_metrics
 
 
 def test_env_step_limit_stops_training(L) -> None:
