@@ -49,6 +49,7 @@ _PUBLIC_API: dict[str, str] = {
     "evaluation_dataloader": "ptl_rl.evaluation",
     "run_episodes": "ptl_rl.evaluation",
     "compute_gae": "ptl_rl.gae",
+    "BatchGroup": "ptl_rl.lightning",
     "CHECKPOINT_KEY": "ptl_rl.lightning",
     "EvaluationMixin": "ptl_rl.lightning",
     "PipelineCheckpoint": "ptl_rl.lightning",
@@ -90,6 +91,7 @@ __all__ = [
     "ArgmaxSelector",
     "ArrayStorage",
     "BOLTS_FIELDS",
+    "BatchGroup",
     "BatchSampler",
     "CHECKPOINT_KEY",
     "CORE_FIELDS",
@@ -184,6 +186,7 @@ if TYPE_CHECKING:
     from ptl_rl.gae import compute_gae
     from ptl_rl.lightning import (
         CHECKPOINT_KEY,
+        BatchGroup,
         EvaluationMixin,
         PipelineCheckpoint,
         PipelineDataset,

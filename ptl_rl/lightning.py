@@ -33,6 +33,7 @@ from ptl_rl.stages import (
 
 __all__ = [
     "CHECKPOINT_KEY",
+    "BatchGroup",
     "PipelineCheckpoint",
     "PipelineDataset",
     "RLDataModule",
@@ -92,6 +93,79 @@ class _Epoch:
         return batch
 
 
+class BatchGroup:
+    """The next ``size`` batches of a pipeline, for a ``training_step`` that takes several gradient steps.
+
+    What :func:`to_dataloader` hands over with ``batches_per_step=K > 1``.
+    Iterate ``group.batches()`` in ``training_step`` and take one gradient step
+    per batch (manual optimization)::
+
+        def training_step(self, group, batch_idx):
+            optimizer = self.optimizers()
+            for batch in group.batches():  # each batch is pulled only now, after the previous gradient step
+                loss = self.loss(batch)
+                optimizer.zero_grad()
+                self.manual_backward(loss)
+                optimizer.step()
+
+    Each batch is pulled from the pipeline when the loop asks for it, so the
+    env steps behind batch ``i + 1`` are taken with the weights that batch
+    ``i`` produced: the data is exactly what K Lightning steps of one batch
+    would see (fresher, even: Lightning prefetches one batch, and only the
+    empty group is prefetched here). Lightning's per-step work (its loop,
+    hooks, callbacks, logging) then runs once per K gradient steps.
+
+    Fewer than ``size`` batches come when the pipeline ends. The group is not
+    an ``Iterable`` on purpose: Lightning's batch-size inference iterates
+    iterable batches, which would pull data behind the loop's back.
+    ``Trainer(max_steps=...)`` counts optimizer steps and is checked between
+    groups, like :class:`~ptl_rl.callbacks.EnvStepLimit`: a run may end up to
+    ``K - 1`` batches after the limit.
+    """
+
+    def __init__(self, take: Callable[[], Any], size: int) -> None:
+        self._take, self.size = take, int(size)
+        self.taken = 0  # batches pulled so far
+        self._device: torch.device | None = None
+        self._to_kwargs: dict[str, Any] = {}
+
+    def to(self, device: torch.device | str, **kwargs: Any) -> BatchGroup:
+        """Move every batch to ``device`` as it is pulled (Lightning calls this for the group)."""
+        self._device, self._to_kwargs = torch.device(device), kwargs
+        return self
+
+    def batches(self) -> Iterator[Any]:
+        """The group's batches, each pulled from the pipeline when asked for."""
+        return _GroupBatches(self)
+
+    def _next(self) -> Any:
+        if self.taken >= self.size:
+            raise StopIteration
+        batch = self._take()  # a call that raises (an interrupt) takes nothing
+        self.taken += 1
+        if self._device is None:
+            return batch
+        if isinstance(batch, tuple):
+            return tuple(field.to(self._device, **self._to_kwargs) for field in batch)
+        return batch.to(self._device, **self._to_kwargs)
+
+    def __repr__(self) -> str:
+        return f"BatchGroup(size={self.size}, taken={self.taken})"
+
+
+class _GroupBatches:
+    """Iterator over a :class:`BatchGroup` (an object, not a generator: an interrupt inside must not close it)."""
+
+    def __init__(self, group: BatchGroup) -> None:
+        self.group = group
+
+    def __iter__(self) -> _GroupBatches:
+        return self
+
+    def __next__(self) -> Any:
+        return self.group._next()
+
+
 class PipelineDataset(IterableDataset):
     """An IterableDataset over a live pipeline, ``steps_per_epoch`` batches per epoch.
 
@@ -100,6 +174,8 @@ class PipelineDataset(IterableDataset):
     dataset has no length and Lightning sees one endless epoch (stop it with
     ``Trainer(max_steps=...)`` or :class:`~ptl_rl.callbacks.EnvStepLimit`).
     With ``as_tuple`` each batch is handed over as the tuple of those fields.
+    With ``batches_per_step=K > 1`` each item is a :class:`BatchGroup` of the
+    next K batches (``steps_per_epoch`` then counts groups).
 
     When it starts iterating inside ``torch.distributed`` (a DDP run), it gives
     every stage the process's rank first (:func:`~ptl_rl.ranks.assign_rank`),
@@ -107,12 +183,19 @@ class PipelineDataset(IterableDataset):
     """
 
     def __init__(
-        self, pipeline: Any, steps_per_epoch: int | None = None, as_tuple: Sequence[str] | None = None
+        self,
+        pipeline: Any,
+        steps_per_epoch: int | None = None,
+        as_tuple: Sequence[str] | None = None,
+        batches_per_step: int = 1,
     ) -> None:
         super().__init__()
         if steps_per_epoch is not None and steps_per_epoch < 1:
             raise ValueError(f"steps_per_epoch must be >= 1 or None, got {steps_per_epoch}")
+        if int(batches_per_step) != batches_per_step or batches_per_step < 1:
+            raise ValueError(f"batches_per_step must be an integer >= 1, got {batches_per_step!r}")
         self.pipeline = pipeline
+        self.batches_per_step = int(batches_per_step)
         self.steps_per_epoch = steps_per_epoch
         self.as_tuple = tuple(as_tuple) if as_tuple is not None else None
         self.stop_condition_checked = False  # set by a callback that saw the Trainer's limits
@@ -124,7 +207,7 @@ class PipelineDataset(IterableDataset):
             self._start()
         # an iterator object, not a generator: an exception inside next() (a notebook interrupt) would close a
         # generator, and every later next() on the same loader iterator would end the epoch without a word
-        return _Epoch(self._next, self.steps_per_epoch)
+        return _Epoch(self._next if self.batches_per_step == 1 else self._group, self.steps_per_epoch)
 
     def _start(self) -> None:
         rank, world_size = distributed_rank()
@@ -140,6 +223,9 @@ class PipelineDataset(IterableDataset):
                 stacklevel=3,
             )
         self._iterator = iter(self.pipeline)
+
+    def _group(self) -> BatchGroup:
+        return BatchGroup(self._next, self.batches_per_step)
 
     def _next(self) -> Any:
         batch = next(self._iterator)
@@ -211,7 +297,11 @@ def _check_last_stage(pipeline: Any) -> None:
 
 
 def to_dataloader(
-    pipeline: Any, steps_per_epoch: int | None = None, *, as_tuple: Sequence[str] | None = None
+    pipeline: Any,
+    steps_per_epoch: int | None = None,
+    *,
+    as_tuple: Sequence[str] | None = None,
+    batches_per_step: int = 1,
 ) -> PipelineLoader:
     """Wrap the last pipeline stage as a DataLoader for ``trainer.fit``.
 
@@ -230,6 +320,13 @@ def to_dataloader(
     next_states)`` with ``dones = terminated``. Such modules bootstrap with a
     fixed gamma, which is right only for 1-step data; with n-step returns add
     ``"discount"`` to the tuple and use it in place of gamma.
+
+    ``batches_per_step=K > 1`` (opt-in, for small networks) hands over a
+    :class:`BatchGroup` of the next K batches per Lightning step, for a
+    ``training_step`` that takes K gradient steps by hand: Lightning's fixed
+    cost per step is then paid once per K gradient steps, and every batch is
+    still pulled after the previous gradient step. ``steps_per_epoch`` counts
+    groups; an on-policy stage's ``batches_per_rollout`` must be a multiple of K.
 
     The pipeline's state is checkpointed only with a :class:`PipelineCheckpoint`
     callback (or through :class:`RLDataModule`); the loader warns when a
@@ -250,9 +347,22 @@ def to_dataloader(
     for message in _IRRELEVANT_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
     if steps_per_epoch is None:
-        steps_per_epoch = getattr(pipeline, "batches_per_rollout", None)
-    dataset = PipelineDataset(pipeline, steps_per_epoch, as_tuple)
+        steps_per_epoch = _rollout_groups(pipeline, batches_per_step)
+    dataset = PipelineDataset(pipeline, steps_per_epoch, as_tuple, batches_per_step)
     return PipelineLoader(dataset, batch_size=None, num_workers=0, collate_fn=_as_is)
+
+
+def _rollout_groups(pipeline: Any, batches_per_step: int) -> int | None:
+    """Loader items per rollout of an on-policy stage (``None`` for others): one Lightning epoch per rollout."""
+    per_rollout = getattr(pipeline, "batches_per_rollout", None)
+    if per_rollout is None:
+        return None
+    if per_rollout % batches_per_step:
+        raise ValueError(
+            f"batches_per_step={batches_per_step} does not divide the {per_rollout} batches of a rollout: a group "
+            "would span two rollouts; pick a divisor of batches_per_rollout"
+        )
+    return per_rollout // batches_per_step
 
 
 # ---------------------------------------------------------------------------- checkpoints

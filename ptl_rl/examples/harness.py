@@ -169,8 +169,9 @@ class RunRecorder(pl.Callback):
         if self.source is not None:
             self.source.pop_episodes()  # only the episodes of this run's training
 
-    def on_train_batch_end(self, *args: Any) -> None:
-        self.batches += 1
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # a BatchGroup (--batches-per-step K) is one Lightning step of up to K batches
+        self.batches += batch.taken if isinstance(batch, ptl_rl.BatchGroup) else 1
         if self.source is not None and self.run_dir is not None:
             self.run_dir.record_episodes(self.source.pop_episodes())
 
