@@ -20,7 +20,9 @@ Read it top to bottom, CleanRL style:
    ``DuelingQNetwork`` (``--dueling``) splits the last layer into a state value
    and action advantages, ``Q = V + A - mean(A)``.
 3. ``DQN``: the LightningModule. ``training_step`` gets a ``ptl_rl.TorchBatch``
-   and regresses Q(obs, action) onto the bootstrapped target
+   and takes one gradient step by hand (manual optimization: on a network this
+   small it is markedly cheaper than Lightning's automatic loop). ``td_loss``
+   regresses Q(obs, action) onto the bootstrapped target
    ``reward + discount * (1 - terminated) * Q_target(next_obs, a*)`` with a
    Huber loss. ``reward`` and ``discount`` come with the batch (an n-step
    transition carries the discounted reward sum and gamma**k), so the module
@@ -43,6 +45,7 @@ Read it top to bottom, CleanRL style:
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
 from gymnasium import spaces
@@ -58,7 +61,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.add_argument("--gamma", type=float, default=0.99, help="discount factor")
     a.add_argument("--n-step", type=int, default=3, help="n of the n-step returns (NStepTransform)")
     a.add_argument("--double", action=argparse.BooleanOptionalAction, default=True, help="double DQN targets")
-    a.add_argument("--hidden", type=int, default=64, help="width of the two hidden layers")
+    a.add_argument(
+        "--hidden",
+        type=int,
+        nargs="+",
+        default=[64],
+        help="widths of the two hidden layers: one number for both, or two (CleanRL's dqn.py: 120 84)",
+    )
     a.add_argument("--lr", type=float, default=5e-3, help="Adam learning rate")
     a.add_argument("--batch-size", type=int, default=128, help="transitions per gradient step")
     a.add_argument("--buffer-size", type=int, default=50_000, help="replay capacity (transitions)")
@@ -69,6 +78,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.add_argument("--eps-end", type=float, default=0.05, help="epsilon after the decay")
     a.add_argument("--eps-decay-steps", type=int, default=10_000, help="env steps of the linear epsilon decay")
     cli.add_burst_flags(p, train_freq=4)
+    p.add_argument_group("Lightning").add_argument(
+        "--batches-per-step",
+        type=int,
+        default=1,
+        help="gradient steps per Lightning training step (ptl_rl.BatchGroup): K > 1 pays Lightning's fixed cost "
+        "once per K gradient steps, with the same data; logging and callbacks then run every K gradient steps",
+    )
     r = p.add_argument_group("Rainbow-lite", "each off by default; --rainbow turns on all three")
     r.add_argument("--prioritized", action=argparse.BooleanOptionalAction, default=False, help="prioritized replay")
     r.add_argument("--alpha", type=float, default=0.6, help="priority exponent of prioritized replay (0: uniform)")
@@ -87,7 +103,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         # --rainbow only changes defaults, so flags given explicitly still win (--rainbow --no-dueling)
         p.set_defaults(prioritized=True, dueling=True, n_step=3)
     # fails here, with the usage line, for a mistyped or unsuitable env: before the imports below
-    return cli.parse(p, argv, (spaces.Discrete,), "DQN")[0]
+    args = cli.parse(p, argv, (spaces.Discrete,), "DQN")[0]
+    if args.batches_per_step < 1:
+        p.error(f"--batches-per-step must be >= 1, got {args.batches_per_step}")
+    if len(args.hidden) > 2 or min(args.hidden) < 1:
+        p.error(f"--hidden takes one or two positive widths, got {' '.join(map(str, args.hidden))}")
+    args.hidden = args.hidden[0] if len(args.hidden) == 1 else args.hidden  # one width reads as before: hidden: 64
+    return args
 
 
 if __name__ == "__main__":
@@ -106,18 +128,28 @@ from ptl_rl.examples.burst import replay_stage
 
 
 # ---------------------------------------------------------------------------- Q-network
+def hidden_widths(hidden: int | Sequence[int]) -> tuple[int, int]:
+    """The two hidden widths: one number is both, two are (first, second)."""
+    widths = (hidden, hidden) if isinstance(hidden, int) else tuple(hidden)
+    if len(widths) == 1:
+        widths = (widths[0], widths[0])
+    if len(widths) != 2 or min(widths) < 1:
+        raise ValueError(f"hidden must be one or two positive widths, got {hidden!r}")
+    return widths[0], widths[1]
+
+
+def mlp_trunk(obs_dim: int, hidden: int | Sequence[int]) -> nn.Sequential:
+    """obs [B, obs_dim] -> features float [B, second width]: two ReLU layers."""
+    first, second = hidden_widths(hidden)
+    return nn.Sequential(nn.Linear(obs_dim, first), nn.ReLU(), nn.Linear(first, second), nn.ReLU())
+
+
 class QNetwork(nn.Module):
     """obs [B, obs_dim] -> Q-values float [B, num_actions]."""
 
-    def __init__(self, obs_dim: int, num_actions: int, hidden: int) -> None:
+    def __init__(self, obs_dim: int, num_actions: int, hidden: int | Sequence[int]) -> None:
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(obs_dim, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, num_actions),
-        )
+        self.net = nn.Sequential(*mlp_trunk(obs_dim, hidden), nn.Linear(hidden_widths(hidden)[1], num_actions))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs.flatten(1).float())
@@ -126,11 +158,12 @@ class QNetwork(nn.Module):
 class DuelingQNetwork(nn.Module):
     """Dueling head (Wang et al. 2016): obs [B, obs_dim] -> Q = V + A - mean(A), float [B, num_actions]."""
 
-    def __init__(self, obs_dim: int, num_actions: int, hidden: int) -> None:
+    def __init__(self, obs_dim: int, num_actions: int, hidden: int | Sequence[int]) -> None:
         super().__init__()
-        self.trunk = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
-        self.value = nn.Linear(hidden, 1)  # V(s)
-        self.advantage = nn.Linear(hidden, num_actions)  # A(s, a)
+        self.trunk = mlp_trunk(obs_dim, hidden)
+        width = hidden_widths(hidden)[1]
+        self.value = nn.Linear(width, 1)  # V(s)
+        self.advantage = nn.Linear(width, num_actions)  # A(s, a)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         features = self.trunk(obs.flatten(1).float())
@@ -145,7 +178,7 @@ class DQN(pl.LightningModule):
         self,
         obs_dim: int,
         num_actions: int,
-        hidden: int = 64,
+        hidden: int | Sequence[int] = 64,
         lr: float = 5e-3,
         double: bool = True,
         target_sync_every: int = 50,
@@ -153,16 +186,19 @@ class DQN(pl.LightningModule):
         log_every: int = 100,
         dueling: bool = False,
         prioritized: bool = False,
+        grad_clip: float | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        self.automatic_optimization = False  # training_step takes its gradient step itself
         self.q_net = (DuelingQNetwork if dueling else QNetwork)(obs_dim, num_actions, hidden)
         self.target_net = ptl_rl.TargetNet(self.q_net)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.q_net(obs)
 
-    def training_step(self, batch: ptl_rl.TorchBatch, batch_idx: int) -> torch.Tensor:
+    def td_loss(self, batch: ptl_rl.TorchBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Huber loss of the TD errors, Q(obs, action) float [B]) for a batch of B transitions."""
         # Q(obs, action) of the actions that were taken
         q_taken = self.q_net(batch.obs).gather(1, batch.action.long().unsqueeze(1)).squeeze(1)
         with torch.no_grad():
@@ -181,18 +217,42 @@ class DQN(pl.LightningModule):
             batch.update_priorities(q_taken.detach() - target)
         else:
             loss = F.smooth_l1_loss(q_taken, target)
-        if batch_idx % self.hparams.log_every == 0:  # a Lightning self.log costs about as much as this whole step
+        return loss, q_taken
+
+    def training_step(self, batch: ptl_rl.TorchBatch | ptl_rl.BatchGroup, batch_idx: int) -> torch.Tensor | None:
+        # --batches-per-step K hands over a BatchGroup: K gradient steps in one Lightning step, each batch pulled
+        # from the pipeline after the previous step, so Lightning's fixed cost is paid once per K
+        batches = batch.batches() if isinstance(batch, ptl_rl.BatchGroup) else (batch,)
+        loss = q_taken = None
+        for one in batches:
+            loss, q_taken = self.gradient_step(one)
+        if loss is None:  # the pipeline ended before this group's first batch
+            return None
+        if batch_idx % self.hparams.log_every == 0:  # a Lightning self.log costs about as much as a gradient step
             self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
             self.log("train/q_mean", q_taken.mean(), on_step=True, on_epoch=False)
         return loss
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def gradient_step(self, batch: ptl_rl.TorchBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """One gradient step by hand (manual optimization), then the target sync when due; returns ``td_loss``'s pair.
+
+        On a network this small Lightning's automatic optimization (its closure and hooks) would cost about half
+        a gradient step more (docs/design/hot-path.md, "Lightning's share").
+        """
+        loss, q_taken = self.td_loss(batch)
+        optimizer = self.optimizers()
+        optimizer.zero_grad(set_to_none=True)
+        self.manual_backward(loss)
+        if self.hparams.grad_clip:
+            self.clip_gradients(optimizer, gradient_clip_val=self.hparams.grad_clip, gradient_clip_algorithm="norm")
+        optimizer.step()
         # global_step counts optimizer steps, so this syncs every `target_sync_every` gradient steps
         if self.global_step % self.hparams.target_sync_every == 0:
             if self.hparams.tau >= 1.0:
                 self.target_net.sync()
             else:
                 self.target_net.soft_sync(self.hparams.tau)
+        return loss.detach(), q_taken.detach()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         # fused: one kernel for all parameters, about 3x faster than the default on a small net
@@ -227,6 +287,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         log_every=args.log_every,
         dueling=args.dueling,
         prioritized=args.prioritized,
+        grad_clip=args.grad_clip,
     )
 
     # the agent acts with the learner's current Q-network; ExperienceSource forwards the env-step count to epsilon
@@ -256,7 +317,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             args,
             model,
             pipeline,
-            ptl_rl.to_dataloader(pipeline),
+            ptl_rl.to_dataloader(pipeline, batches_per_step=args.batches_per_step),
             make_env=lambda n: make_env(args.env_id, n),
             greedy_agent=lambda module: greedy_agent(module.q_net),
             config={
