@@ -369,7 +369,7 @@ def test_time_limit_stops_training_and_says_so(tmp_path, restore_torch_threads):
 # ---------------------------------------------------------------------- gradient clipping
 @pytest.mark.parametrize(("name", "argv"), [("dqn", TINY["dqn"]), ("sac", TINY["sac"])])
 def test_grad_clip_bounds_every_optimizer_steps_gradient_norm(name, argv, monkeypatch, restore_torch_threads):
-    """DQN clips through Lightning (automatic optimization), SAC by hand (manual): both via clip_gradients."""
+    """DQN and SAC both optimize by hand (manual optimization) and clip through clip_gradients."""
     import pytorch_lightning as pl
     import torch
 
@@ -386,6 +386,44 @@ def test_grad_clip_bounds_every_optimizer_steps_gradient_norm(name, argv, monkey
     module.main([*argv, "--eval-every", "0", "--grad-clip", "0.01", "--no-progress-bar", "--runs-dir", ""])
     assert norms and all(value == 0.01 for value, _ in norms)
     assert max(norm for _, norm in norms) <= 0.01 * (1 + 1e-4)
+
+
+# ---------------------------------------------------------------------- grouped gradient steps
+@pytest.mark.parametrize("group", [1, 4])
+def test_dqn_batches_per_step_counts_every_gradient_step(group, monkeypatch, restore_torch_threads):
+    """--batches-per-step K: one Lightning step of K gradient steps; the summary and target syncs count each one."""
+    import torch
+
+    from ptl_rl.examples import dqn
+
+    steps = []
+    step = torch.optim.Adam.step
+
+    def spy(self, *args, **kwargs):
+        steps.append(1)
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", spy)
+    argv = [*TINY["dqn"], "--eval-every", "0", "--batches-per-step", str(group), "--hidden", "12", "7",
+            "--no-progress-bar", "--runs-dir", ""]  # fmt: skip
+    summary = dqn.main(argv)
+    assert summary["gradient_steps"] == len(steps) > 100
+    # 1500 env steps, learning from 500 on, one gradient step per 4 env steps: 250, less the batches pulled ahead
+    # (Lightning's prefetch, the budget check between steps), plus up to K - 1 more for a group that straddles it
+    assert 246 <= summary["gradient_steps"] <= 250 + group - 1
+
+
+def test_dqn_hidden_takes_one_or_two_widths(capsys):
+    from ptl_rl.examples import dqn
+
+    assert dqn.parse_args(["--hidden", "32"]).hidden == 32
+    assert dqn.parse_args(["--hidden", "120", "84"]).hidden == [120, 84]
+    net = dqn.QNetwork(4, 2, [120, 84])
+    assert [layer.out_features for layer in net.net if hasattr(layer, "out_features")] == [120, 84, 2]
+    for bad in (["--hidden", "1", "2", "3"], ["--hidden", "0"], ["--batches-per-step", "0"]):
+        with pytest.raises(SystemExit):
+            dqn.parse_args(bad)
+    assert "--hidden takes one or two positive widths" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- burst training
