@@ -17,20 +17,8 @@ The record of a run: ``algo``, ``env_id``, ``seed``, ``env_steps``,
 ``ptl_rl_commit``, plus the machine load and the run directory.
 
 CleanRL's files are read from the checkout given with ``--cleanrl`` and patched
-in memory, never copied here. They were written for gymnasium 0.29; the
-patches (each asserted to apply, see ``CLEANRL_PATCHES``) are:
-
-* ``tyro.cli(Args)`` becomes ``Args(...)`` with this run's env, seed and
-  budget (tyro is not a dependency of ptl_rl);
-* the vector env autoresets in gymnasium 1.x's same-step mode, the semantics
-  of gymnasium 0.29 that CleanRL's loop assumes (the step after an episode end
-  starts the next episode; under 1.x's default next-step mode it would store
-  a reset step as a transition);
-* ``TransformObservation`` gets its new ``observation_space`` argument (``None``);
-* the episode statistics are read from gymnasium 1.x's ``final_info`` layout
-  (a dict of arrays with a ``_episode`` mask instead of a list of dicts);
-* SAC: the final observation of a truncated episode is ``info["final_obs"]``
-  (gymnasium 0.29 called it ``final_observation``).
+in memory for gymnasium 1.x, never copied here: ``cleanrl_files.py`` lists the
+patches.
 """
 
 from __future__ import annotations
@@ -44,9 +32,10 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+import cleanrl_files
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "mujoco.json"
@@ -60,94 +49,10 @@ PUBLISHED = {
 
 CLEANRL_FILES = {"ppo": "ppo_continuous_action.py", "sac": "sac_continuous_action.py"}
 
-_EPISODE_LOG = """            if "final_info" in infos:
-                for info in infos["final_info"]:
-                    if info and "episode" in info:
-                        print(f"global_step={global_step}, episodic_return={info['episode']['r']}")
-                        writer.add_scalar("charts/episodic_return", info["episode"]["r"], global_step)
-                        writer.add_scalar("charts/episodic_length", info["episode"]["l"], global_step)
-"""
-_EPISODE_LOG_1X = """            if "final_info" in infos and "episode" in infos["final_info"]:
-                _ep = infos["final_info"]["episode"]
-                for _i in infos["final_info"]["_episode"].nonzero()[0]:
-                    print(f"global_step={global_step}, episodic_return={float(_ep['r'][_i])}")
-                    writer.add_scalar("charts/episodic_return", _ep["r"][_i], global_step)
-                    writer.add_scalar("charts/episodic_length", _ep["l"][_i], global_step)
-"""
-_SAC_EPISODE_LOG = """        if "final_info" in infos:
-            for info in infos["final_info"]:
-                if info is not None:
-                    print(f"global_step={global_step}, episodic_return={info['episode']['r']}")
-                    writer.add_scalar("charts/episodic_return", info["episode"]["r"], global_step)
-                    writer.add_scalar("charts/episodic_length", info["episode"]["l"], global_step)
-                    break
-"""
-_SAC_EPISODE_LOG_1X = """        if "final_info" in infos and "episode" in infos["final_info"]:
-            _ep = infos["final_info"]["episode"]
-            for _i in infos["final_info"]["_episode"].nonzero()[0]:
-                print(f"global_step={global_step}, episodic_return={float(_ep['r'][_i])}")
-                writer.add_scalar("charts/episodic_return", _ep["r"][_i], global_step)
-                writer.add_scalar("charts/episodic_length", _ep["l"][_i], global_step)
-                break
-"""
-CLEANRL_PATCHES: dict[str, list[tuple[str, str]]] = {
-    "sac": [
-        ("import tyro\n", ""),
-        ("    args = tyro.cli(Args)\n", "    args = Args(**_OVERRIDES)\n"),
-        (
-            "for i in range(args.num_envs)]\n    )",
-            "for i in range(args.num_envs)],\n        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,\n    )",
-        ),
-        (_SAC_EPISODE_LOG, _SAC_EPISODE_LOG_1X),
-        ('infos["final_observation"][idx]', 'infos["final_obs"][idx]'),
-    ],
-    "ppo": [
-        ("import tyro\n", ""),
-        ("    args = tyro.cli(Args)\n", "    args = Args(**_OVERRIDES)\n"),
-        (
-            "for i in range(args.num_envs)]\n    )",
-            "for i in range(args.num_envs)],\n        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,\n    )",
-        ),
-        (
-            "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))",
-            "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), None)",
-        ),
-        (_EPISODE_LOG, _EPISODE_LOG_1X),
-    ],
-}
-
-
-def patched_cleanrl(path: Path, algo: str) -> str:
-    """CleanRL's single file for ``algo``, with the gymnasium 1.x patches applied (each must apply once)."""
-    source = (path / "cleanrl" / CLEANRL_FILES[algo]).read_text()
-    for old, new in CLEANRL_PATCHES[algo]:
-        if source.count(old) != 1:
-            raise SystemExit(f"CleanRL's {CLEANRL_FILES[algo]} has changed: this patch no longer applies:\n{old}")
-        source = source.replace(old, new)
-    return source
-
 
 def run_cleanrl_inline(path: str, algo: str, env_id: str, seed: int, env_steps: int) -> None:
     """In this (child) process: execute the patched CleanRL file as ``__main__``."""
-    import torch  # noqa: PLC0415 - only the child needs it
-
-    torch.set_num_threads(1)
-    sys.path.insert(0, path)  # cleanrl_utils (the SAC file's replay buffer)
-    code = patched_cleanrl(Path(path), algo)
-    overrides = {"env_id": env_id, "seed": seed, "total_timesteps": env_steps, "cuda": False}
-    namespace = {"__name__": "__main__", "__file__": str(Path(path) / "cleanrl" / CLEANRL_FILES[algo]),
-                 "_OVERRIDES": overrides}  # fmt: skip
-    exec(compile(code, namespace["__file__"], "exec"), namespace)  # noqa: S102 - CleanRL's file, by design
-
-
-def _child(cmd: list[str], cwd: str, log: Path) -> tuple[int, float, float]:
-    """Run ``cmd``; returns (exit status, CPU seconds of the child, wall seconds)."""
-    start = time.perf_counter()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-    return os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime, time.perf_counter() - start
+    cleanrl_files.run_inline(path, CLEANRL_FILES[algo], {"env_id": env_id, "seed": seed, "total_timesteps": env_steps})
 
 
 def _commit() -> str:
@@ -163,7 +68,7 @@ def run_ptl_rl(algo: str, env_id: str, seed: int, env_steps: int, runs_dir: Path
            "--env-steps", str(env_steps), "--runs-dir", str(runs_dir), "--no-progress-bar", "--threads", "1",
            *extra]  # fmt: skip
     before = set(glob.glob(str(runs_dir / f"{algo}_{env_id}_{seed}_*")))
-    code, cpu, wall = _child(cmd, str(REPO), log)
+    code, cpu, wall = cleanrl_files.child(cmd, str(REPO), log)
     if code != 0:
         raise SystemExit(f"ptl_rl run failed ({code}); see {log}")
     (run_dir,) = set(glob.glob(str(runs_dir / f"{algo}_{env_id}_{seed}_*"))) - before
@@ -183,7 +88,7 @@ def run_cleanrl(path: str, algo: str, env_id: str, seed: int, env_steps: int, ru
     log = runs_dir / f"cleanrl_{algo}_{env_id}_{seed}.log"
     cmd = [sys.executable, str(Path(__file__).resolve()), "_cleanrl", path, algo, env_id, str(seed), str(env_steps)]
     with tempfile.TemporaryDirectory() as cwd:  # CleanRL writes runs/ into its working directory
-        code, cpu, wall = _child(cmd, cwd, log)
+        code, cpu, wall = cleanrl_files.child(cmd, cwd, log)
     if code != 0:
         raise SystemExit(f"CleanRL run failed ({code}); see {log}")
     run_dir = cleanrl_run_directory(log, runs_dir / f"cleanrl_{algo}_{env_id}_{seed}", algo, env_id, seed)
