@@ -4,18 +4,21 @@ Both sides train ``ptl_rl.examples.dqn.DQN`` (64-64 MLP, double DQN, Adam fused)
 on batches of 128 from the same pipeline (8 CartPole-v1 envs, 3-step returns,
 uniform replay, one vector step per batch), for the same number of gradient
 steps, from a warmed-up buffer, torch on one thread. The plain loop calls
-``training_step``, ``backward``, ``step`` and syncs the target network itself.
+``td_loss``, ``backward``, ``step`` and syncs the target network itself.
 The Lightning side is ``Trainer(max_steps=N).fit(module, to_dataloader(sampler))``:
 
 * ``bare``: logger, checkpointing, progress bar and model summary off, the
   module's own ``self.log`` calls off (``log_every`` huge): Lightning's fixed cost.
+  The example's module takes its gradient step by hand (manual optimization).
+* ``auto``: ``bare`` with the same module written for Lightning's automatic
+  optimization (``training_step`` returns the loss), the usual way.
 * ``usual``: progress bar on, the module logging every 100 steps, the default
   CSV logger and an ``EpisodeStatsLogger``: what a user's run pays.
 
 Prints, per variant, gradient steps/s (median of ``--repeats``) and the ratio
 to the plain loop (goal >= 0.8), then where the time goes per step: data
 (pipeline: env steps, n-step, insert, sample, torch conversion),
-``training_step`` (forward and loss), and the rest (backward, optimizer,
+``td_loss`` (forward and loss), and the rest (backward, optimizer,
 Lightning's loop, hooks and logging).
 
     python benchmarks/lightning_overhead.py [--steps 2000] [--repeats 5]
@@ -71,22 +74,38 @@ class TimedSampler:
 
 
 class TimedDQN(DQN):
-    """The example's module, adding up the seconds spent in ``training_step``."""
+    """The example's module (manual optimization), adding up the seconds spent in ``td_loss``."""
 
     step_seconds = 0.0
 
-    def training_step(self, batch, batch_idx):
+    def td_loss(self, batch):
         start = time.perf_counter()
         try:
-            return super().training_step(batch, batch_idx)
+            return super().td_loss(batch)
         finally:
             self.step_seconds += time.perf_counter() - start
 
 
-def build(log_every: int, seed: int = 0):
+class AutomaticDQN(TimedDQN):
+    """The same module written for Lightning's automatic optimization: ``training_step`` returns the loss."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.automatic_optimization = True
+
+    def training_step(self, batch, batch_idx):
+        loss, q_taken = self.td_loss(batch)
+        if batch_idx % self.hparams.log_every == 0:
+            self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+            self.log("train/q_mean", q_taken.mean(), on_step=True, on_epoch=False)
+        return loss
+
+
+def build(log_every: int, seed: int = 0, automatic: bool = False):
     env = gym.make_vec("CartPole-v1", num_envs=8, vectorization_mode="sync")
     torch.manual_seed(seed)
-    module = TimedDQN(4, 2, hidden=64, target_sync_every=SYNC_EVERY, log_every=log_every)
+    cls = AutomaticDQN if automatic else TimedDQN
+    module = cls(4, 2, hidden=64, target_sync_every=SYNC_EVERY, log_every=log_every)
     agent = ptl_rl.DQNAgent(module.q_net, ptl_rl.EpsilonGreedySelector(0.1, seed=seed))
     source = ptl_rl.ExperienceSource(env, agent, seed=seed)
     nstep = ptl_rl.NStepTransform(source, n=3, gamma=0.99)
@@ -101,7 +120,7 @@ def plain(steps: int) -> dict[str, float]:
     optimizer = module.configure_optimizers()
     start = time.perf_counter()
     for i in range(steps):
-        loss = module.training_step(next(sampler), i)
+        loss = module.td_loss(next(sampler))[0]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -111,8 +130,8 @@ def plain(steps: int) -> dict[str, float]:
     return {"total": total, "data": sampler.timed.seconds, "step": module.step_seconds}
 
 
-def lightning(steps: int, usual: bool) -> dict[str, float]:
-    module, sampler = build(log_every=100 if usual else 10**9)
+def lightning(steps: int, usual: bool, automatic: bool = False) -> dict[str, float]:
+    module, sampler = build(log_every=100 if usual else 10**9, automatic=automatic)
     with tempfile.TemporaryDirectory() as root:
         trainer = pl.Trainer(
             accelerator="cpu",
@@ -141,9 +160,10 @@ def main() -> None:
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     os.environ.setdefault("TQDM_DISABLE", "0")
 
-    runs: dict[str, list[dict[str, float]]] = {"plain": [], "bare": [], "usual": []}
+    runs: dict[str, list[dict[str, float]]] = {"plain": [], "auto": [], "bare": [], "usual": []}
     for _ in range(args.repeats):  # interleaved, so a load change hits every variant alike
         runs["plain"].append(plain(args.steps))
+        runs["auto"].append(lightning(args.steps, usual=False, automatic=True))
         runs["bare"].append(lightning(args.steps, usual=False))
         runs["usual"].append(lightning(args.steps, usual=True))
 
@@ -159,7 +179,8 @@ def main() -> None:
         per = {key: 1e6 * median(name, key) / args.steps for key in ("total", "data", "step")}
         rest = per["total"] - per["data"] - per["step"]
         print(f"{name:8} {rate:9.0f} {rate / plain_rate:9.2f} {per['data']:9.0f} {per['step']:9.0f} {rest:9.0f}")
-    print("data: the pipeline (env step, n-step, insert, sample, to torch); step: training_step (forward, loss);")
+    print("auto: bare, with the loss returned to Lightning's automatic optimization instead of the example's manual")
+    print("data: the pipeline (env step, n-step, insert, sample, to torch); step: td_loss (forward, loss);")
     print("rest: backward and optimizer (both sides), plus Lightning's loop, hooks, logging and progress bar.")
 
 
