@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import numbers
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -66,7 +67,11 @@ class DQNAgent:
     moving the network with Lightning just works). ``selector`` defaults to an
     epsilon-greedy selector; its epsilon schedule follows the env-step count
     that :class:`~ptl_rl.source.ExperienceSource` reports through
-    :meth:`on_env_steps`.
+    :meth:`on_env_steps`. With a selector that has ``select_lazily`` (as
+    :class:`EpsilonGreedySelector` does) the selector first draws which envs
+    explore, and a step on which all of them do skips the forward pass: the
+    same actions, without the network's cost (once the env's action space is
+    known and one forward pass has checked the width).
 
     Q-values need a ``Discrete`` action space (starting at 0) and one Q-value
     per action: the source checks both when it is built (:attr:`action_spaces`,
@@ -112,6 +117,9 @@ class DQNAgent:
         self.action_space = action_space
         self._device = _DeviceOf(net)
         self._num_actions: int | None = None  # the env's, once known: every call checks the Q-values' width
+        # selector.select_lazily(n, num_actions, scores_fn) (EpsilonGreedySelector's) may skip the forward pass;
+        # used only after a first forward pass, so that a network of the wrong width fails at the first step
+        self._select_lazily: Callable[[int, int, Callable[[], np.ndarray]], np.ndarray] | None = None
         if action_space is not None:
             self.check_action_space(action_space)
 
@@ -132,12 +140,20 @@ class DQNAgent:
             check_output_width("DQNAgent", width, action_space, "Q-values")
         self._num_actions, self._space = num_actions, action_space
 
-    @torch.no_grad()
     def __call__(self, obs: Any) -> np.ndarray:
+        select = self._select_lazily
+        if select is None or self._num_actions is None or type(obs) is not np.ndarray:
+            return self.selector(self._q_values(obs))
+        # the selector decides first who explores: when every env does, no forward pass is needed
+        return select(len(obs), self._num_actions, lambda: self._q_values(obs))
+
+    @torch.no_grad()
+    def _q_values(self, obs: Any) -> np.ndarray:
         q = self.net(obs_to_tensor(obs, self._device(), self._device.float_dtype()))
         if self._num_actions is not None and q.shape[-1] != self._num_actions:
             check_output_width("DQNAgent", int(q.shape[-1]), self._space, "Q-values")
-        return self.selector(to_numpy(q))
+        self._select_lazily = getattr(self.selector, "select_lazily", None)  # from now on (the width was seen once)
+        return to_numpy(q)
 
     def on_env_steps(self, total_steps: int) -> None:
         hook = getattr(self.selector, "on_env_steps", None)

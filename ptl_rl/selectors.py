@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -52,11 +53,23 @@ class EpsilonGreedySelector:
 
     def __call__(self, scores: np.ndarray) -> np.ndarray:
         scores = np.asarray(scores)
-        actions = scores.argmax(axis=-1)
-        n, num_actions = scores.shape[0], scores.shape[-1]
+        return self.select_lazily(len(scores), scores.shape[-1], lambda: scores)
+
+    def select_lazily(self, n: int, num_actions: int, scores: Callable[[], np.ndarray]) -> np.ndarray:
+        """Actions int64 [n], calling ``scores()`` (float [n, num_actions]) only if some env acts greedily.
+
+        The same draws as ``self(scores())``, in the same order, so the actions and the
+        generator's state do not depend on which of the two was called. A
+        :class:`~ptl_rl.agents.DQNAgent` calls this one, so a step on which every env
+        explores (most of them while epsilon is high) skips the network's forward pass.
+        """
         explore = self.rng.random(n) < self.epsilon
-        if explore.any():
-            actions[explore] = self.rng.integers(0, num_actions, int(explore.sum()))
+        exploring = int(np.count_nonzero(explore))
+        if exploring == n:
+            return self.rng.integers(0, num_actions, n)
+        actions = np.asarray(scores()).argmax(axis=-1)
+        if exploring:
+            actions[explore] = self.rng.integers(0, num_actions, exploring)
         return actions
 
     STATE_VERSION = 1
