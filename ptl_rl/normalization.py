@@ -290,7 +290,8 @@ def _check_per_step_upstream(upstream: Any, stage: str) -> None:
     if not getattr(upstream, "one_row_per_env", False):
         raise ValueError(
             f"{stage} must see one step of each env per batch, in order: put it right after the ExperienceSource "
-            f"(before NStepTransform and any buffer), not after {type(upstream).__name__}"
+            f"(before NStepTransform and any buffer, and with the source's steps_per_batch=1), not after "
+            f"{type(upstream).__name__}"
         )
 
 

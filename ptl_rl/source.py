@@ -167,12 +167,20 @@ class ExperienceSource:
         check_finite: raise a ``FloatingPointError`` naming the field and the
             sub-env when a reward or a float observation is NaN or infinite
             (one dot product per field and step). ``False`` turns the check off.
+        steps_per_batch: ``K``, the vector steps behind each yielded batch
+            (a chunk). ``K > 1`` yields the rows of K consecutive vector steps
+            (each with rows) in one batch, in time order, so that the stages
+            downstream pay their fixed cost once per K steps: set it to a
+            replay's ``transitions_per_yield / N`` and the data is the same as
+            with ``K = 1``. The agent still acts at every step; per-step
+            stages (the normalization stages) need ``K = 1``.
 
     Each yielded batch has ``B <= N`` rows (a sub-env that is only resetting
     contributes none) with fields ``obs [B, *obs_shape]``, ``action
     [B, *action_shape]``, ``reward`` float32 [B], ``next_obs``, ``terminated``
     and ``truncated`` bool [B], ``discount`` float32 [B] (= gamma), ``env_id``
-    int64 [B], plus the agent's extras.
+    int64 [B], plus the agent's extras (``B <= K * N`` with ``steps_per_batch=K``,
+    step by step in time order).
 
     Observations keep the observation space's dtype (uint8 pixels stay uint8),
     with one exception: float64 observations (most classic-control envs outside
@@ -220,6 +228,7 @@ class ExperienceSource:
         cast_float64: bool = True,
         max_pending_episodes: int = 10_000,
         check_finite: bool = True,
+        steps_per_batch: int = 1,
     ) -> None:
         env = as_vector_env(env)  # an EnvPool pool: seeded resets, async mode refused (ptl_rl/envpool.py)
         _check_env_api(env)
@@ -229,6 +238,11 @@ class ExperienceSource:
             raise ValueError(f"gamma must be in (0, 1], got {gamma}")
         if max_pending_episodes < 1:
             raise ValueError(f"max_pending_episodes must be >= 1, got {max_pending_episodes}")
+        if int(steps_per_batch) != steps_per_batch or steps_per_batch < 1:
+            raise ValueError(f"steps_per_batch must be an integer >= 1 (vector steps per batch), got {steps_per_batch}")
+        self.steps_per_batch = int(steps_per_batch)
+        # a chunk holds several steps of each env: stages that need one step per batch check this
+        self.one_row_per_env = self.steps_per_batch == 1
         self.env = env
         self.check_finite = bool(check_finite)
         self.agent = agent
@@ -306,12 +320,23 @@ class ExperienceSource:
         self._in_step = True
         if restart:
             self._reset_all()
-        while True:
+        if self.steps_per_batch == 1:
+            while True:
+                batch = self._step()
+                if batch is not None:
+                    self.stream_seq += 1
+                    self._in_step = False
+                    return batch
+        # a chunk: fresh arrays per batch (a batch is the caller's to keep, so no buffer is reused); an interrupt
+        # loses the chunk's steps, as it loses one step above, and the next call resets every sub-env
+        steps: list[TransitionBatch] = []
+        while len(steps) < self.steps_per_batch:
             batch = self._step()
             if batch is not None:
-                self.stream_seq += 1
-                self._in_step = False
-                return batch
+                steps.append(batch)
+        self.stream_seq += 1
+        self._in_step = False
+        return TransitionBatch.concat(steps)
 
     # ------------------------------------------------------------------ rank
     def set_rank(self, rank: int) -> None:

@@ -149,6 +149,7 @@ def scenarios(draw):
         "dict_obs": draw(st.booleans()),
         "rank": draw(st.integers(0, 2)),
         "seed": draw(st.integers(0, 2**16)),
+        "steps_per_batch": draw(st.sampled_from([1, 1, 2, 3, 5])),  # the source's chunks of K vector steps
     }
 
 
@@ -157,7 +158,8 @@ def scenarios(draw):
 def test_nstep_matches_brute_force(s):
     n, gamma, layouts = s["n"], s["gamma"], s["layouts"]
     env = make_env(layouts, s["mode"], dict_obs=s["dict_obs"], reward_seed=s["seed"])
-    source = ExperienceSource(env, ScriptedAgent(len(layouts), seed=s["seed"]), seed=s["seed"], rank=s["rank"])
+    agent = ScriptedAgent(len(layouts), seed=s["seed"])
+    source = ExperienceSource(env, agent, seed=s["seed"], rank=s["rank"], steps_per_batch=s["steps_per_batch"])
     upstream = scripted_batches(source, layouts, s["extra"])
     if s["feed"] == "stream":
         # the pipeline path: iterate the stage until the upstream ends, then flush

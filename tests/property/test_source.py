@@ -149,6 +149,54 @@ def test_source_every_env_ends_every_step(mode):
     run_and_check(make_env(layouts, mode, reward_seed=8), mode, layouts, rank=0, extra=0)
 
 
+# ---------------------------------------------------------------------- chunks (steps_per_batch)
+def _steps_of(source: ExperienceSource, batches: int) -> tuple[list[TransitionBatch], list[tuple]]:
+    """``batches`` batches of ``source`` (each kept as yielded) and the episodes finished meanwhile."""
+    out = [next(source) for _ in range(batches)]
+    return out, [(e.env_id, e.ret, e.length, e.total_steps) for e in source.pop_episodes()]
+
+
+@pytest.mark.parametrize("dict_obs", [False, True])
+@pytest.mark.parametrize("chunk", [2, 3, 7])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_chunk_is_k_consecutive_steps_of_the_one_step_stream(mode, chunk, dict_obs):
+    """steps_per_batch=K yields, batch for batch, the rows of K consecutive one-step batches (themselves checked
+    against the env's record above), with the same episodes, step counts and agent hooks."""
+    layouts = SINGLE_LAYOUT if mode == "single" else LAYOUTS
+
+    def source(k: int) -> tuple[ExperienceSource, ScriptedAgent]:
+        env = make_env(layouts, mode, dict_obs=dict_obs, reward_seed=3)
+        agent = ScriptedAgent(len(layouts), seed=5)  # its checks: reset_state and on_env_steps at every step
+        return ExperienceSource(env, agent, seed=5, rank=1, steps_per_batch=k), agent
+
+    (one, one_agent), (chunked, chunked_agent) = source(1), source(chunk)
+    assert one.one_row_per_env and not chunked.one_row_per_env
+    reference, reference_episodes = _steps_of(one, 4 * chunk)
+    got, episodes = _steps_of(chunked, 4)
+    for i, batch in enumerate(got):
+        expected = concat_batches(reference[i * chunk : (i + 1) * chunk])
+        assert set(batch.keys()) == set(expected)
+        for name in expected:
+            leaves = expected[name].items() if isinstance(expected[name], dict) else [(None, expected[name])]
+            for path, leaf in leaves:
+                ours = batch[name] if path is None else batch[name][path]
+                np.testing.assert_array_equal(ours, leaf, err_msg=f"batch {i}, {name}")
+                assert ours.dtype == leaf.dtype
+    assert episodes == reference_episodes and chunked.total_steps == one.total_steps
+    assert chunked_agent.env_steps == one_agent.env_steps and chunked.stream_seq == 1 + 4  # the first reset skips one
+    # each yielded batch is the caller's to keep: later chunks write fresh arrays
+    kept = got[0]["reward"].copy()
+    next(chunked)
+    np.testing.assert_array_equal(got[0]["reward"], kept)
+
+
+def test_bad_steps_per_batch_is_refused():
+    env = make_env(LAYOUTS, "NextStep")
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="steps_per_batch must be an integer >= 1"):
+            ExperienceSource(env, ScriptedAgent(3), steps_per_batch=bad)
+
+
 @pytest.mark.parametrize(("mode", "dict_obs"), [("SameStep", True), ("Disabled", False)])
 def test_source_async_vector_env(mode, dict_obs):
     layouts = LAYOUTS[:2]
