@@ -69,10 +69,12 @@ def raw_loop(num_envs: int, vector_steps: int, balancing: bool) -> float:
     return num_envs * vector_steps / elapsed
 
 
-def pipeline(num_envs: int, vector_steps: int, balancing: bool, profiled: bool = True):
-    """Env steps/s of ExperienceSource -> NStepTransform(n=3), every emitted batch consumed; and the profile."""
+def pipeline(num_envs: int, vector_steps: int, balancing: bool, profiled: bool = True, chunk: int = 1):
+    """Env steps/s of ExperienceSource(steps_per_batch=chunk) -> NStepTransform(n=3), every emitted batch consumed;
+    and the profile."""
     env, net = make_env(num_envs), make_net(balancing)
-    source = ptl_rl.ExperienceSource(env, ptl_rl.DQNAgent(net, ptl_rl.ArgmaxSelector()), seed=0)
+    agent = ptl_rl.DQNAgent(net, ptl_rl.ArgmaxSelector())
+    source = ptl_rl.ExperienceSource(env, agent, seed=0, steps_per_batch=chunk)
     nstep = ptl_rl.NStepTransform(source, n=3, gamma=0.99)
     ptl_rl.set_profiling(profiled)
     target = num_envs * vector_steps
@@ -140,6 +142,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16_000, help="env steps per collection measurement")
     parser.add_argument("--add-ops", type=int, default=20_000, help="adds per replay measurement")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--chunk", type=int, default=8, help="also measure the source in chunks of this many steps")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
@@ -149,17 +152,19 @@ def main() -> None:
         vector_steps = args.steps // num_envs if num_envs > 1 else args.steps // 4
         for balancing, label in ((True, "balancing MLP, long episodes"), (False, "fresh MLP, ~10-step episodes")):
             raw_loop(num_envs, 200, balancing), pipeline(num_envs, 200, balancing)  # warm up both paths
-            raw, ours, off = [], [], []
+            raw, ours, off, chunked = [], [], [], []
             for _ in range(args.repeats):  # interleaved, so drifts of the machine hit both alike
                 raw.append(raw_loop(num_envs, vector_steps, balancing))
                 rate, table, calls = pipeline(num_envs, vector_steps, balancing)
                 ours.append(rate)
                 off.append(pipeline(num_envs, vector_steps, balancing, profiled=False)[0])
+                chunked.append(pipeline(num_envs, vector_steps, balancing, chunk=args.chunk)[0])
             profiles[(num_envs, label)] = (table, calls)
             print(f"{num_envs} env(s), {label}:")
             print(f"  raw env+policy loop  : {np.median(raw):9.0f} env steps/s (median of {args.repeats})")
             print(f"  source + n-step(3)   : {np.median(ours):9.0f} env steps/s")
             print(f"  ratio (goal >= {goal}): {median_ratio(ours, raw):.3f} median of interleaved pairs")
+            print(f"  in chunks of {args.chunk:<3d}     : {median_ratio(chunked, raw):.3f} of the raw loop")
             cost = 1 - median_ratio(ours, off)
             bound = accounting_us() / (1e6 * num_envs / np.median(ours))
             print(

@@ -78,6 +78,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.add_argument("--eps-end", type=float, default=0.05, help="epsilon after the decay")
     a.add_argument("--eps-decay-steps", type=int, default=10_000, help="env steps of the linear epsilon decay")
     cli.add_burst_flags(p, train_freq=4)
+    p.add_argument_group("burst training").add_argument(
+        "--steps-per-batch",
+        type=int,
+        default=None,
+        help="vector steps the source writes per batch (ExperienceSource's steps_per_batch: the stages behind it "
+        "pay their fixed cost once per batch); default: --train-freq / --num-envs when that divides evenly, else 1, "
+        "which gives the same data as 1",
+    )
     p.add_argument_group("Lightning").add_argument(
         "--batches-per-step",
         type=int,
@@ -106,10 +114,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = cli.parse(p, argv, (spaces.Discrete,), "DQN")[0]
     if args.batches_per_step < 1:
         p.error(f"--batches-per-step must be >= 1, got {args.batches_per_step}")
+    if args.steps_per_batch is None:
+        args.steps_per_batch = source_chunk(args.train_freq, args.num_envs)
+    elif args.steps_per_batch < 1:
+        p.error(f"--steps-per-batch must be >= 1, got {args.steps_per_batch}")
     if len(args.hidden) > 2 or min(args.hidden) < 1:
         p.error(f"--hidden takes one or two positive widths, got {' '.join(map(str, args.hidden))}")
     args.hidden = args.hidden[0] if len(args.hidden) == 1 else args.hidden  # one width reads as before: hidden: 64
     return args
+
+
+def source_chunk(train_freq: int, num_envs: int) -> int:
+    """Vector steps per source batch that fill one replay yield exactly (the same data as one step per batch)."""
+    return train_freq // num_envs if train_freq % num_envs == 0 and train_freq >= num_envs else 1
 
 
 if __name__ == "__main__":
@@ -295,7 +312,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     agent = ptl_rl.DQNAgent(model.q_net, ptl_rl.EpsilonGreedySelector(epsilon, seed=args.seed))
 
     # ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler: G batches per --train-freq env steps
-    source = ptl_rl.ExperienceSource(env, agent, gamma=args.gamma, seed=args.seed)
+    source = ptl_rl.ExperienceSource(env, agent, gamma=args.gamma, seed=args.seed, steps_per_batch=args.steps_per_batch)
     nstep = ptl_rl.NStepTransform(source, n=args.n_step, gamma=args.gamma)
     replay = dict(
         capacity=args.buffer_size,
