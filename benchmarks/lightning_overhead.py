@@ -12,6 +12,8 @@ The Lightning side is ``Trainer(max_steps=N).fit(module, to_dataloader(sampler))
   The example's module takes its gradient step by hand (manual optimization).
 * ``auto``: ``bare`` with the same module written for Lightning's automatic
   optimization (``training_step`` returns the loss), the usual way.
+* ``grouped``: ``bare`` with ``to_dataloader(..., batches_per_step=10)``: ten
+  gradient steps per Lightning step (``ptl_rl.BatchGroup``), the same data.
 * ``usual``: progress bar on, the module logging every 100 steps, the default
   CSV logger and an ``EpisodeStatsLogger``: what a user's run pays.
 
@@ -130,7 +132,7 @@ def plain(steps: int) -> dict[str, float]:
     return {"total": total, "data": sampler.timed.seconds, "step": module.step_seconds}
 
 
-def lightning(steps: int, usual: bool, automatic: bool = False) -> dict[str, float]:
+def lightning(steps: int, usual: bool, automatic: bool = False, group: int = 1) -> dict[str, float]:
     module, sampler = build(log_every=100 if usual else 10**9, automatic=automatic)
     with tempfile.TemporaryDirectory() as root:
         trainer = pl.Trainer(
@@ -143,7 +145,7 @@ def lightning(steps: int, usual: bool, automatic: bool = False) -> dict[str, flo
             enable_model_summary=False,
             callbacks=[ptl_rl.EpisodeStatsLogger(sampler.sampler, every_n_steps=100)] if usual else [],
         )
-        loader = ptl_rl.to_dataloader(sampler, steps_per_epoch=steps)
+        loader = ptl_rl.to_dataloader(sampler, steps_per_epoch=steps // group, batches_per_step=group)
         start = time.perf_counter()
         trainer.fit(module, train_dataloaders=loader)
         total = time.perf_counter() - start
@@ -152,7 +154,7 @@ def lightning(steps: int, usual: bool, automatic: bool = False) -> dict[str, flo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=2_000)
+    parser.add_argument("--steps", type=int, default=2_000, help="gradient steps per run (a multiple of 10)")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -160,11 +162,12 @@ def main() -> None:
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     os.environ.setdefault("TQDM_DISABLE", "0")
 
-    runs: dict[str, list[dict[str, float]]] = {"plain": [], "auto": [], "bare": [], "usual": []}
+    runs: dict[str, list[dict[str, float]]] = {"plain": [], "auto": [], "bare": [], "grouped": [], "usual": []}
     for _ in range(args.repeats):  # interleaved, so a load change hits every variant alike
         runs["plain"].append(plain(args.steps))
         runs["auto"].append(lightning(args.steps, usual=False, automatic=True))
         runs["bare"].append(lightning(args.steps, usual=False))
+        runs["grouped"].append(lightning(args.steps, usual=False, group=10))
         runs["usual"].append(lightning(args.steps, usual=True))
 
     def median(name: str, key: str) -> float:

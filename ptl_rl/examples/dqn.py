@@ -83,8 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         help="vector steps the source writes per batch (ExperienceSource's steps_per_batch: the stages behind it "
-        "pay their fixed cost once per batch); default: --train-freq / --num-envs when that divides evenly, else 1, "
-        "which gives the same data as 1",
+        "pay their fixed cost once per batch); default: with --n-step 1, --train-freq / --num-envs when that "
+        "divides evenly (the same data as 1), else 1 (n-step folds a chunk on a slower path than one step)",
     )
     p.add_argument_group("Lightning").add_argument(
         "--batches-per-step",
@@ -115,7 +115,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.batches_per_step < 1:
         p.error(f"--batches-per-step must be >= 1, got {args.batches_per_step}")
     if args.steps_per_batch is None:
-        args.steps_per_batch = source_chunk(args.train_freq, args.num_envs)
+        args.steps_per_batch = source_chunk(args.train_freq, args.num_envs) if args.n_step == 1 else 1
     elif args.steps_per_batch < 1:
         p.error(f"--steps-per-batch must be >= 1, got {args.steps_per_batch}")
     if len(args.hidden) > 2 or min(args.hidden) < 1:
