@@ -426,6 +426,28 @@ def test_dqn_hidden_takes_one_or_two_widths(capsys):
     assert "--hidden takes one or two positive widths" in capsys.readouterr().err
 
 
+def test_ppo_anneals_the_learning_rate_once_per_rollout(monkeypatch, restore_torch_threads):
+    """PPO optimizes by hand, so it steps its epoch-interval scheduler itself: once per rollout, to lr * (1 - k/K)."""
+    import torch
+
+    from ptl_rl.examples import ppo
+
+    seen = []
+    step = torch.optim.lr_scheduler.LambdaLR.step
+
+    def spy(self, *args, **kwargs):
+        step(self, *args, **kwargs)
+        seen.append(self.get_last_lr()[0])
+
+    monkeypatch.setattr(torch.optim.lr_scheduler.LambdaLR, "step", spy)
+    argv = [*TINY["ppo"], "--eval-every", "0", "--anneal", "--lr", "0.001", "--no-progress-bar", "--runs-dir", ""]
+    summary = ppo.main(argv)
+    rollouts = summary["rollouts"]
+    assert rollouts >= 4
+    # the scheduler's own first step at construction, then one per rollout
+    np.testing.assert_allclose(seen, [0.001 * (1 - k / rollouts) for k in range(rollouts + 1)], rtol=1e-6)
+
+
 # ---------------------------------------------------------------------- burst training
 @pytest.mark.parametrize(("train_freq", "gradient_steps"), [(1, 1), (4, 1), (8, 3), (5, 16)])
 def test_burst_takes_g_batches_every_k_env_steps(train_freq, gradient_steps):
