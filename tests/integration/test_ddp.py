@@ -65,6 +65,21 @@ def test_two_ranks_collect_different_data_stop_together_and_resume_their_own_sta
     assert resumed[0]["global_step"] == resumed[1]["global_step"] == ranks[0]["global_step"] + 1
 
 
+# one package: the test above runs both
+@pytest.mark.parametrize("package", ["pytorch_lightning"])
+def test_grouped_gradient_steps_keep_ranks_in_step_and_in_sync(tmp_path, package) -> None:
+    """batches_per_step=3 under DDP: every group holds 3 batches on both ranks, the budget stops both at the same
+    step, and manual_backward's gradient averaging keeps the two ranks' weights equal."""
+    run_phase("grouped", tmp_path, package)
+    ranks = [torch.load(tmp_path / f"grouped_rank{r}.pt", weights_only=True) for r in range(2)]
+    assert set(ranks[0]["env_ids"].tolist()) == {0, 1} and set(ranks[1]["env_ids"].tolist()) == {2, 3}
+    assert ranks[0]["group_sizes"] == ranks[1]["group_sizes"] and set(ranks[0]["group_sizes"]) == {3}
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] == 3 * len(ranks[0]["group_sizes"]) > 0
+    assert 400 <= ranks[0]["total_steps"] + ranks[1]["total_steps"]
+    for ours, theirs in zip(ranks[0]["weights"], ranks[1]["weights"], strict=True):
+        torch.testing.assert_close(ours, theirs)
+
+
 NORMALIZATION_SCRIPT = SUPPORT / "ddp_normalization_run.py"
 
 

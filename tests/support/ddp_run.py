@@ -5,6 +5,7 @@ rank 1, so it must be a script, not a test function):
 
     python tests/support/ddp_run.py train OUT_DIR PACKAGE    # train to an env-step budget, checkpoint
     python tests/support/ddp_run.py resume OUT_DIR PACKAGE   # resume from OUT_DIR/last.ckpt, record restored state
+    python tests/support/ddp_run.py grouped OUT_DIR PACKAGE  # batches_per_step=3, gradient steps by hand
 
 Each rank writes what it saw to ``OUT_DIR/<phase>_rank<r>.pt`` for the test to compare.
 """
@@ -81,6 +82,8 @@ def main(phase: str, out: Path, package: str) -> None:
         def on_fit_start(self, trainer, pl_module):  # after a restore, before Lightning fetches a batch
             self.at_start = snapshot(self.sampler)
 
+    if phase == "grouped":
+        return grouped(L, out)
     net, sampler = build(seed=0 if phase == "train" else 123)  # a resumed run must not depend on its own seed
     module = QModule(net)
     record = Record(sampler)
@@ -104,6 +107,46 @@ def main(phase: str, out: Path, package: str) -> None:
             "global_step": trainer.global_step,
         },
         out / f"{phase}_rank{trainer.global_rank}.pt",
+    )
+
+
+def grouped(L, out: Path) -> None:  # noqa: N803
+    """Three gradient steps per Lightning step (ptl_rl.BatchGroup) under DDP, stopped by the env-step budget."""
+
+    class GroupedQ(L.LightningModule):
+        def __init__(self, net):
+            super().__init__()
+            self.net, self.automatic_optimization, self.group_sizes = net, False, []
+
+        def training_step(self, group, batch_idx):
+            optimizer = self.optimizers()
+            for batch in group.batches():
+                q = self.net(batch.obs).gather(1, batch.action[:, None]).squeeze(1)
+                optimizer.zero_grad()
+                self.manual_backward(F.smooth_l1_loss(q, batch.reward))  # DDP averages the gradients here
+                optimizer.step()
+            self.group_sizes.append(group.taken)
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    net, sampler = build(seed=0)
+    module = GroupedQ(net)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", max_steps=10_000, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, callbacks=[ptl_rl.EnvStepLimit(sampler, BUDGET)],
+    )  # fmt: skip
+    trainer.fit(module, train_dataloaders=ptl_rl.to_dataloader(sampler, batches_per_step=3))
+    source = ptl_rl.find_stage(sampler, ptl_rl.ExperienceSource)
+    torch.save(
+        {
+            "weights": [p.detach().clone() for p in net.parameters()],
+            "group_sizes": module.group_sizes,
+            "global_step": trainer.global_step,
+            "total_steps": source.total_steps,
+            "env_ids": torch.from_numpy(source.env_ids.copy()),
+        },
+        out / f"grouped_rank{trainer.global_rank}.pt",
     )
 
 
