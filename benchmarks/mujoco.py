@@ -163,6 +163,23 @@ def table() -> str:
     return "\n".join(rows)
 
 
+def cpu_side_by_side(rows: list[dict[str, Any]]) -> str:
+    """CPU per env step, ptl_rl / CleanRL, of the latest commit that has runs of both (side by side, same code).
+
+    Runs of different sessions ran under different machine load, which moves CPU per step by up to 2x, so
+    only runs recorded with the same ptl_rl commit (one benchmark invocation, or queues started together)
+    are compared.
+    """
+    for commit in reversed(list(dict.fromkeys(r["ptl_rl_commit"] for r in rows))):
+        same = [r for r in rows if r["ptl_rl_commit"] == commit]
+        ours = [r["cpu_us_per_env_step"] for r in same if r["lib"] == "ptl_rl"]
+        theirs = [r["cpu_us_per_env_step"] for r in same if r["lib"] == "cleanrl"]
+        if ours and theirs:
+            a, b = sum(ours) / len(ours), sum(theirs) / len(theirs)
+            return f"{a:.0f} / {b:.0f} us ({a / b:.2f}x; {commit}, runs {len(ours)} / {len(theirs)})"
+    return "-"
+
+
 def rst_table() -> str:
     """The README's results table: per algo, env and budget, ptl_rl's seeds and CleanRL here and published."""
 
@@ -193,11 +210,8 @@ def rst_table() -> str:
             return [r[key] for r in rows if r[key] is not None]
 
         published = PUBLISHED.get((algo, env_id.split("-")[0])) if steps == 1_000_000 else None
-        ours_cpu, theirs_cpu = pick("ptl_rl", "cpu_us_per_env_step"), pick("cleanrl", "cpu_us_per_env_step")
-        ratio = (
-            f"{sum(ours_cpu) / len(ours_cpu):.0f} / {sum(theirs_cpu) / len(theirs_cpu):.0f} us"
-            if ours_cpu and theirs_cpu
-            else "-"
+        ratio = cpu_side_by_side(
+            [r for r in results if (r["algo"], r["env_id"], r["env_steps"]) == (algo, env_id, steps)]
         )
         lines += [
             f"   * - {algo.upper()}, {env_id}, {steps:,}",
