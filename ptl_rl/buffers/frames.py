@@ -276,7 +276,8 @@ class FrameStorage:
         missing, repeated (trusted mode) or out of order, ring and pool wrap;
         the result is bit-identical to the Python path's. Left to
         :meth:`add`: Dict observations, other stack axes, dtypes to cast, a
-        cut in the numbered stream (a batch added again is one), and in
+        cut in the numbered stream (a batch added again is one), a batch of
+        more rows than the ring holds (it would overwrite its own rows), and in
         checked mode an env twice in one batch (see :meth:`_back_up_pending`)
         or an observation that is not the ``next_obs`` it resolves (refused
         there). No Python code runs inside the call, so an interrupt lands
