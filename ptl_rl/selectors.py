@@ -63,6 +63,10 @@ class EpsilonGreedySelector:
         :class:`~ptl_rl.agents.DQNAgent` calls this one, so a step on which every env
         explores (most of them while epsilon is high) skips the network's forward pass.
         """
+        if n == 1:  # scalar draws: the same stream as random(1) and integers(0, k, 1), at a quarter of the cost
+            if self.rng.random() < self.epsilon:
+                return np.array([self.rng.integers(0, num_actions)], dtype=np.int64)
+            return np.asarray(scores()).argmax(axis=-1)
         explore = self.rng.random(n) < self.epsilon
         exploring = int(np.count_nonzero(explore))
         if exploring == n:

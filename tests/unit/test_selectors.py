@@ -1,9 +1,11 @@
 """Epsilon-greedy selection that decides who explores before the Q-values exist (issue 21).
 
-The reference is the eager order of the same draws: ``selector(q)`` with the
-Q-values computed first. ``select_lazily`` must give the same actions and leave
-the generator in the same state, and ``DQNAgent`` must skip the forward pass
-exactly on the steps where every env explores.
+The reference is epsilon-greedy written out in the test with the Q-values
+computed first: ``random(n) < epsilon`` picks the explorers, then
+``integers(0, A, k)`` their actions. ``select_lazily`` (and ``selector(q)``,
+which calls it) must give the same actions and leave the generator in the same
+state, and ``DQNAgent`` must skip the forward pass exactly on the steps where
+every env explores.
 """
 
 from __future__ import annotations
@@ -28,15 +30,20 @@ from ptl_rl import DQNAgent, EpsilonGreedySelector
 def test_lazy_selection_draws_what_the_eager_one_draws(epsilon, n, num_actions, seed):
     scores = np.random.default_rng(seed).normal(size=(20, n, num_actions)).astype(np.float32)
     eager, lazy = EpsilonGreedySelector(epsilon, seed=seed), EpsilonGreedySelector(epsilon, seed=seed)
+    reference = np.random.default_rng(seed)
     for q in scores:
+        explore = reference.random(n) < epsilon
+        expected = q.argmax(-1)
+        if explore.any():
+            expected[explore] = reference.integers(0, num_actions, int(explore.sum()))
         asked = []
         lazy_actions = lazy.select_lazily(n, num_actions, lambda q=q, asked=asked: asked.append(1) or q)
-        eager_actions = eager(q)
-        np.testing.assert_array_equal(lazy_actions, eager_actions)
+        np.testing.assert_array_equal(lazy_actions, expected)
+        np.testing.assert_array_equal(eager(q), expected)
         assert lazy_actions.dtype == np.int64 and lazy_actions.shape == (n,)
-        # brute force: Q-values were needed iff some env took the argmax (it differs from a draw only then)
-        assert len(asked) <= 1
-    assert lazy.rng.bit_generator.state == eager.rng.bit_generator.state
+        # Q-values were asked for once, and only if some env took the argmax
+        assert len(asked) == (0 if explore.all() else 1)
+    assert lazy.rng.bit_generator.state == eager.rng.bit_generator.state == reference.bit_generator.state
 
 
 class Counted(nn.Module):
