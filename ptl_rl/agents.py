@@ -119,7 +119,7 @@ class DQNAgent:
         self._num_actions: int | None = None  # the env's, once known: every call checks the Q-values' width
         # selector.select_lazily(n, num_actions, scores_fn) (EpsilonGreedySelector's) may skip the forward pass;
         # used only after a first forward pass, so that a network of the wrong width fails at the first step
-        self._select_lazily: Callable[[int, int, Callable[[], np.ndarray]], np.ndarray] | None = None
+        self._width_seen = False
         if action_space is not None:
             self.check_action_space(action_space)
 
@@ -141,7 +141,10 @@ class DQNAgent:
         self._num_actions, self._space = num_actions, action_space
 
     def __call__(self, obs: Any) -> np.ndarray:
-        select = self._select_lazily
+        # looked up at every call: a selector swapped in later (greedy for a while, say) is the one used
+        select: Callable[[int, int, Callable[[], np.ndarray]], np.ndarray] | None = (
+            getattr(self.selector, "select_lazily", None) if self._width_seen else None
+        )
         if select is None or self._num_actions is None or type(obs) is not np.ndarray:
             return self.selector(self._q_values(obs))
         # the selector decides first who explores: when every env does, no forward pass is needed
@@ -152,7 +155,7 @@ class DQNAgent:
         q = self.net(obs_to_tensor(obs, self._device(), self._device.float_dtype()))
         if self._num_actions is not None and q.shape[-1] != self._num_actions:
             check_output_width("DQNAgent", int(q.shape[-1]), self._space, "Q-values")
-        self._select_lazily = getattr(self.selector, "select_lazily", None)  # from now on (the width was seen once)
+        self._width_seen = True
         return to_numpy(q)
 
     def on_env_steps(self, total_steps: int) -> None:

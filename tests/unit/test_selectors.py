@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from ptl_rl import DQNAgent, EpsilonGreedySelector
+from ptl_rl import ArgmaxSelector, DQNAgent, EpsilonGreedySelector
 
 
 @settings(max_examples=60, deadline=None)
@@ -94,3 +94,14 @@ def test_without_a_known_action_space_the_agent_always_runs_the_network():
     for _ in range(5):
         agent(np.zeros((3, 4), dtype=np.float32))
     assert net.calls == 5
+
+
+def test_a_selector_swapped_in_later_is_the_one_used():
+    net = Counted()
+    agent = DQNAgent(net, EpsilonGreedySelector(1.0, seed=0), action_space=spaces.Discrete(2))
+    obs = np.ones((1, 4), dtype=np.float32)
+    agent(obs), agent(obs)
+    assert net.calls == 1  # the first call checks the width; then every env explores: no forward pass
+    agent.selector = ArgmaxSelector()
+    greedy = int(net.body(torch.from_numpy(obs)).argmax())
+    assert [int(agent(obs)[0]) for _ in range(3)] == [greedy] * 3 and net.calls == 4
