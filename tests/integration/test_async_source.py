@@ -170,6 +170,16 @@ def test_close_and_consumer_exception_leave_no_process() -> None:
     assert _gone(pid)
 
 
+@pytest.fixture
+def python_sigint_handler():
+    """Python's own SIGINT handler, as a notebook kernel has it: ``_thread.interrupt_main`` does nothing under
+    another (an earlier test of the session may have left one), and the test would not be interrupted at all."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("python_sigint_handler")
 def test_keyboard_interrupt_in_next_stops_the_collector_and_next_restarts_it() -> None:
     """A notebook interrupt while next() waits: no collector left; the next call starts fresh episodes."""
     source = AsyncSource(functools.partial(scripted_collector, n=1, step_sleep=0.2))
