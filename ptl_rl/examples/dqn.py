@@ -257,12 +257,7 @@ class DQN(pl.LightningModule):
         a gradient step more (docs/design/hot-path.md, "Lightning's share").
         """
         loss, q_taken = self.td_loss(batch)
-        optimizer = self.optimizers()
-        optimizer.zero_grad(set_to_none=True)
-        self.manual_backward(loss)
-        if self.hparams.grad_clip:
-            self.clip_gradients(optimizer, gradient_clip_val=self.hparams.grad_clip, gradient_clip_algorithm="norm")
-        optimizer.step()
+        harness.manual_step(self, self.optimizers(), loss, self.hparams.grad_clip)
         # global_step counts optimizer steps, so this syncs every `target_sync_every` gradient steps
         if self.global_step % self.hparams.target_sync_every == 0:
             if self.hparams.tau >= 1.0:

@@ -176,6 +176,19 @@ class RunRecorder(pl.Callback):
             self.run_dir.record_episodes(self.source.pop_episodes())
 
 
+def manual_step(module: pl.LightningModule, optimizer: Any, loss: torch.Tensor, grad_clip: float | None) -> None:
+    """One step of ``optimizer`` on ``loss`` under manual optimization, the gradient norm clipped to ``grad_clip``.
+
+    The examples' modules optimize by hand: on their small networks Lightning's automatic closure costs about
+    a gradient step (docs/design/hot-path.md, "Lightning's share").
+    """
+    optimizer.zero_grad(set_to_none=True)
+    module.manual_backward(loss)
+    if grad_clip:
+        module.clip_gradients(optimizer, gradient_clip_val=grad_clip, gradient_clip_algorithm="norm")
+    optimizer.step()
+
+
 def episode_source(pipeline: Any) -> Any:
     """The pipeline's ExperienceSource, or ``None`` for an offline pipeline (a buffer filled from a dataset)."""
     try:

@@ -185,12 +185,7 @@ class PPO(pl.LightningModule):
 
     def training_step(self, batch: ptl_rl.TorchBatch, batch_idx: int) -> torch.Tensor:
         loss = self.ppo_loss(batch, batch_idx)
-        optimizer = self.optimizers()
-        optimizer.zero_grad(set_to_none=True)
-        self.manual_backward(loss)
-        if self.hparams.grad_clip:
-            self.clip_gradients(optimizer, gradient_clip_val=self.hparams.grad_clip, gradient_clip_algorithm="norm")
-        optimizer.step()
+        harness.manual_step(self, self.optimizers(), loss, self.hparams.grad_clip)
         return loss.detach()
 
     def on_train_epoch_end(self) -> None:

@@ -187,11 +187,7 @@ class SAC(pl.LightningModule):
 
     def optimize(self, optimizer: Any, loss: torch.Tensor) -> None:
         """One step of ``optimizer`` on ``loss``, its gradient norm clipped to ``--grad-clip`` if set."""
-        optimizer.zero_grad()
-        self.manual_backward(loss)
-        if self.hparams.grad_clip:
-            self.clip_gradients(optimizer, gradient_clip_val=self.hparams.grad_clip, gradient_clip_algorithm="norm")
-        optimizer.step()
+        harness.manual_step(self, optimizer, loss, self.hparams.grad_clip)
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         hp = self.hparams

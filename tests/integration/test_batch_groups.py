@@ -79,19 +79,20 @@ def grouped_module_class(L):  # noqa: N803
     return Grouped
 
 
-def fit(L, module, loader, max_steps: int) -> None:  # noqa: N803
+def fit(L, module, loader, **limits):  # noqa: N803
+    """A quiet CPU ``Trainer(**limits)`` fitted on ``loader``; returns it."""
     with tempfile.TemporaryDirectory() as root:
         trainer = L.Trainer(
             accelerator="cpu",
-            max_steps=max_steps,
             default_root_dir=root,
             logger=False,
             enable_checkpointing=False,
             enable_progress_bar=False,
             enable_model_summary=False,
+            **limits,
         )
         trainer.fit(module, train_dataloaders=loader)
-        assert trainer.global_step == max_steps  # one optimizer step per batch
+    return trainer
 
 
 @pytest.mark.parametrize("group_size", [2, 3, 4])
@@ -100,7 +101,8 @@ def test_grouped_lightning_run_reproduces_the_plain_loop_batch_for_batch(L, grou
     reference_seen, reference_net = plain_loop(steps)
     net, sampler = build()
     module = grouped_module_class(L)(net)
-    fit(L, module, ptl_rl.to_dataloader(sampler, batches_per_step=group_size), max_steps=steps)
+    trainer = fit(L, module, ptl_rl.to_dataloader(sampler, batches_per_step=group_size), max_steps=steps)
+    assert trainer.global_step == steps  # one optimizer step per batch
     assert module.group_sizes == [group_size] * (steps // group_size)
     assert len(module.seen) == steps
     for ours, reference in zip(module.seen, reference_seen, strict=True):
@@ -121,17 +123,7 @@ def test_grouped_tuples_and_epochs_count_groups(L):  # noqa: N803
     module = grouped_module_class(L)(net)
     loader = ptl_rl.to_dataloader(sampler, steps_per_epoch=2, as_tuple=("obs", "action", "reward"), batches_per_step=3)
     assert len(loader) == 2
-    with tempfile.TemporaryDirectory() as root:
-        trainer = L.Trainer(
-            accelerator="cpu",
-            max_epochs=2,
-            default_root_dir=root,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        )
-        trainer.fit(module, train_dataloaders=loader)
+    trainer = fit(L, module, loader, max_epochs=2)
     assert module.group_sizes == [3, 3, 3, 3] and trainer.global_step == 12
 
 
