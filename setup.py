@@ -1,4 +1,4 @@
-"""Metadata lives in setup.cfg; this file only declares the optional compiled insert of FrameStorage."""
+"""Metadata lives in setup.cfg; this file only declares the optional compiled parts (frame insert, sum-tree loops)."""
 
 from setuptools import Extension, setup
 
@@ -7,5 +7,6 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension("ptl_rl.buffers._frame_insert", ["ptl_rl/buffers/_frame_insert.c"], optional=True),
+        Extension("ptl_rl.buffers._sumtree_kernel", ["ptl_rl/buffers/_sumtree_kernel.c"], optional=True),
     ]
 )

@@ -3,8 +3,11 @@
 Side by side in one run, interleaved round by round so that load from other
 processes hits every implementation alike:
 
-* ``ptl_rl``: :class:`ptl_rl.PrioritizedReplayBuffer` (numpy sum-tree), the
-  learner's path: ``batch = buffer.sample(256)`` then ``batch.update_priorities(td)``.
+* ``ptl_rl``: :class:`ptl_rl.PrioritizedReplayBuffer`, the learner's path:
+  ``batch = buffer.sample(256)`` then ``batch.update_priorities(td)``, with the
+  sum-tree's compiled loops when they are built (the default install).
+* ``ptl_rl-numpy``: the same with the tree's numpy loops (``SumTree.compiled =
+  False``), what an install without a C compiler runs.
 * ``cpprb``: cpprb's ``PrioritizedReplayBuffer`` (C++ segment tree), skipped when
   cpprb is not installed (``pip install cpprb``).
 * ``tianshou``: Tianshou's ``PrioritizedReplayBuffer`` (numpy segment tree),
@@ -49,8 +52,11 @@ def cartpole_rows(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     }
 
 
-def make_ptl_rl(size: int, batch: int, rng: np.random.Generator) -> Callable[[], None]:
+def make_ptl_rl(size: int, batch: int, rng: np.random.Generator, compiled: bool = True) -> Callable[[], None] | None:
     buffer = PrioritizedReplayBuffer(capacity=size, alpha=ALPHA, beta=BETA, eps=EPS, warmup=0, seed=0)
+    if compiled and not buffer.tree.compiled:
+        return None
+    buffer.tree.compiled = compiled
     for _ in range(size // 1000):
         buffer.add(TransitionBatch(cartpole_rows(1000, rng)))
     buffer.update_priorities(np.arange(size), rng.exponential(size=size))
@@ -155,7 +161,13 @@ def main() -> None:
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
-    impls = {"ptl_rl": make_ptl_rl(args.size, args.batch, rng), "cpprb": make_cpprb(args.size, args.batch, rng)}
+    impls = {"ptl_rl": make_ptl_rl(args.size, args.batch, rng)}
+    if impls["ptl_rl"] is None:
+        print("ptl_rl's compiled sum-tree loops are not built: 'ptl_rl' below is its numpy path")
+        impls["ptl_rl"] = make_ptl_rl(args.size, args.batch, rng, compiled=False)
+    else:
+        impls["ptl_rl-numpy"] = make_ptl_rl(args.size, args.batch, rng, compiled=False)
+    impls["cpprb"] = make_cpprb(args.size, args.batch, rng)
     impls["tianshou"] = make_tianshou(args.size, args.batch, rng)
     impls["numpy"] = make_numpy(args.size, args.batch, rng)
     for peer in ("cpprb", "tianshou"):
@@ -180,11 +192,12 @@ def main() -> None:
     for name in impls:
         w, c = statistics.median(wall[name]), statistics.median(cpu[name])
         print(f"{name:<16}{w * 1e6:>10.1f}{c * 1e6:>10.1f}{1 / c:>18.0f}{c / ours:>17.2f}x")
-    for peer in ("cpprb", "tianshou"):
-        if peer in impls:
-            by_cpu = statistics.median(cpu[peer]) / ours
-            by_wall = statistics.median(wall[peer]) / statistics.median(wall["ptl_rl"])
-            print(f"ptl_rl throughput / {peer} throughput: {by_cpu:.2f} (CPU time), {by_wall:.2f} (wall)")
+    for name in ("ptl_rl", "ptl_rl-numpy"):
+        for peer in ("cpprb", "tianshou"):
+            if name in impls and peer in impls:
+                by_cpu = statistics.median(cpu[peer]) / statistics.median(cpu[name])
+                by_wall = statistics.median(wall[peer]) / statistics.median(wall[name])
+                print(f"{name} throughput / {peer} throughput: {by_cpu:.2f} (CPU time), {by_wall:.2f} (wall)")
     try:  # Linux: how busy the machine was (1, 5, 15 min load averages)
         with open("/proc/loadavg") as handle:
             print(f"load average after the run: {' '.join(handle.read().split()[:3])}")

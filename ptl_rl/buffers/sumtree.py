@@ -1,4 +1,4 @@
-"""A vectorized sum-tree (with a max-tree alongside) over non-negative leaf values, in numpy.
+"""A vectorized sum-tree (with a max-tree alongside) over non-negative leaf values: numpy, with optional compiled loops.
 
 Every operation takes a whole batch of leaves or search targets and loops only
 over the tree levels (``log2(capacity)`` of them), never over the items.
@@ -6,7 +6,18 @@ over the tree levels (``log2(capacity)`` of them), never over the items.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
+# The compiled loops (``_sumtree_kernel.c``, built by setup.py when a C compiler is there; optional) give the same
+# trees and draws bit for bit; ``PTL_RL_PURE_PYTHON=1``, read once at import, forces the numpy path.
+try:
+    from ptl_rl.buffers import _sumtree_kernel
+except ImportError:  # not built (no compiler at install time, or a source checkout without build_ext)
+    _sumtree_kernel = None
+if os.environ.get("PTL_RL_PURE_PYTHON", "") not in ("", "0"):
+    _sumtree_kernel = None
 
 # During an update of U leaves, levels at most min(16 U, this) wide are recomputed whole
 # (contiguous, strided adds): there one contiguous pass is cheaper than gathering parents.
@@ -46,8 +57,28 @@ class SumTree:
         self.top_level = self.top.bit_length() - 1  # the top level's depth: its nodes are top .. 2top-1
         self.sums = np.zeros(2 * self.width, dtype=np.float64)
         self.maxes = np.zeros(2 * self.width, dtype=np.float64)
+        self._compiled = _sumtree_kernel is not None
         self._sums_right = self.sums[1:]  # take(left) on these views reads the right siblings
         self._maxes_right = self.maxes[1:]
+
+    @property
+    def compiled(self) -> bool:
+        """Whether this tree runs its descent and repair loops compiled (``_sumtree_kernel``), else in numpy.
+
+        Both give bit-identical trees and draws; set ``False`` to force numpy for this tree. The loops
+        are built at install time when a C compiler is there; ``PTL_RL_PURE_PYTHON=1`` disables them.
+        """
+        # also checks the module, so a tree unpickled where the loops are not built takes the numpy path
+        return self._compiled and _sumtree_kernel is not None
+
+    @compiled.setter
+    def compiled(self, value: bool) -> None:
+        if value and _sumtree_kernel is None:
+            raise RuntimeError(
+                "the compiled sum-tree loops are not available: reinstall ptl_rl where a C compiler is present "
+                "(pip install -e . builds them), and unset PTL_RL_PURE_PYTHON"
+            )
+        self._compiled = bool(value)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -151,6 +182,10 @@ class SumTree:
     def _descend(self, node: np.ndarray, u: np.ndarray) -> np.ndarray:
         """From top-level nodes (int64 [B]) to the leaves holding the rests ``u`` (float64 [B]); new arrays."""
         sums = self.sums
+        if self.compiled:
+            node = np.array(node, dtype=np.int64)
+            _sumtree_kernel.descend(sums, node, np.array(u, dtype=np.float64), self.depth - self.top_level)
+            return node
         for _ in range(self.depth - self.top_level):
             node = node + node  # left child
             left = sums[node]
@@ -185,6 +220,10 @@ class SumTree:
         node = indices + self.width
         self.sums[node] = values
         self.maxes[node] = values
+        if self.compiled:
+            if self.width > self.top:  # else the leaves are the top level: no parent to repair
+                _sumtree_kernel.repair(self.sums, self.maxes, node, self.top)
+            return
         dense_width = min(_DENSE_WIDTH, 16 * indices.size)
         sums, sums_right, maxes, maxes_right = self.sums, self._sums_right, self.maxes, self._maxes_right
         width = self.width

@@ -20,8 +20,18 @@ from ptl_rl import (
     TransitionBatch,
     to_dataloader,
 )
+from ptl_rl.buffers import sumtree as sumtree_module
 
 EPS = 1e-6
+KERNEL = sumtree_module._sumtree_kernel
+# the numpy loops always; the compiled ones where setup.py built them (CI builds them: gcc is there)
+TREE_PATHS = [False] + ([True] if KERNEL is not None else [])
+
+
+def make_tree(capacity: int, top_width: int, compiled: bool) -> SumTree:
+    tree = SumTree(capacity, top_width=top_width)
+    tree.compiled = compiled
+    return tree
 
 
 # ---------------------------------------------------------------------- helpers
@@ -95,10 +105,11 @@ tree_ops = st.lists(
 )
 
 
+@pytest.mark.parametrize("compiled", TREE_PATHS, ids=lambda c: "compiled" if c else "numpy")
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(capacity=st.integers(1, 300), top_width=st.sampled_from([1, 2, 8, 2048]), ops=tree_ops, data=st.data())
-def test_sum_tree_matches_a_reference_under_random_updates(capacity, top_width, ops, data) -> None:
-    tree = SumTree(capacity, top_width=top_width)
+def test_sum_tree_matches_a_reference_under_random_updates(compiled, capacity, top_width, ops, data) -> None:
+    tree = make_tree(capacity, top_width, compiled)
     ref = np.zeros(capacity)
     for raw, values in ops:
         idx = np.array([i % capacity for i in raw], dtype=np.int64)
@@ -131,23 +142,71 @@ def check_find(tree: SumTree, ref: np.ndarray, rng: np.random.Generator) -> None
     assert (lower - tol <= clipped).all() and (clipped < cum[leaves] + tol).all()
 
 
+@pytest.mark.parametrize("compiled", TREE_PATHS, ids=lambda c: "compiled" if c else "numpy")
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(
     capacity=st.integers(2, 20_000),
     present=st.floats(0.001, 0.5),
     seed=st.integers(0, 2**16),
 )
-def test_find_never_returns_an_absent_leaf_even_at_rounding_edges(capacity, present, seed) -> None:
+def test_find_never_returns_an_absent_leaf_even_at_rounding_edges(compiled, capacity, present, seed) -> None:
     rng = np.random.default_rng(seed)
     values = np.where(rng.random(capacity) < present, rng.choice([1e-12, 1e-3, 1.0, 1e9], capacity), 0.0)
     values[rng.integers(capacity)] = 0.1  # at least one present leaf
-    tree = SumTree(capacity, top_width=int(rng.choice([1, 4, 2048])))
+    tree = make_tree(capacity, int(rng.choice([1, 4, 2048])), compiled)
     tree.set_all(values)
     assert_tree_invariants(tree)
     cum = np.cumsum(values)
     edges = np.concatenate([cum, np.nextafter(cum, 0), np.nextafter(cum, np.inf), rng.random(200) * tree.total])
     found = tree.find(edges)
     assert (values[found] > 0).all()
+
+
+@pytest.mark.skipif(KERNEL is None, reason="the compiled sum-tree loops are not built")
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    capacity=st.integers(1, 5000),
+    top_width=st.sampled_from([1, 2, 16, 1024]),
+    seed=st.integers(0, 2**16),
+    stratified=st.booleans(),
+)
+def test_compiled_loops_give_the_numpy_trees_and_draws_bit_for_bit(capacity, top_width, seed, stratified) -> None:
+    rng = np.random.default_rng(seed)
+    trees = [make_tree(capacity, top_width, compiled) for compiled in (False, True)]
+    for _ in range(6):
+        idx = rng.integers(0, capacity, rng.integers(1, 300))  # repeated slots included: the last value wins
+        values = np.where(rng.random(len(idx)) < 0.2, 0.0, rng.exponential(size=len(idx)) ** 3)
+        uniform = rng.random(128)
+        for tree in trees:
+            tree.update(idx, values)
+        np.testing.assert_array_equal(trees[0].sums, trees[1].sums)
+        np.testing.assert_array_equal(trees[0].maxes, trees[1].maxes)
+        if trees[0].total > 0:
+            draws = [tree.sample(uniform.copy(), stratified) for tree in trees]
+            np.testing.assert_array_equal(draws[0][0], draws[1][0])
+            np.testing.assert_array_equal(draws[0][1], draws[1][1])
+
+
+@pytest.mark.skipif(KERNEL is None, reason="the compiled sum-tree loops are not built")
+def test_compiled_loops_refuse_wrong_arrays_instead_of_writing_outside_the_tree() -> None:
+    sums, maxes = np.zeros(16), np.zeros(16)
+    with pytest.raises(IndexError, match="outside the tree"):
+        KERNEL.repair(sums, maxes, np.array([16], dtype=np.int64), 2)
+    with pytest.raises(IndexError, match="outside the tree"):
+        KERNEL.descend(sums, np.array([4], dtype=np.int64), np.zeros(1), 2)  # 4 << 2 reaches past node 15
+    with pytest.raises(TypeError, match="int64"):
+        KERNEL.repair(sums, maxes, np.array([9], dtype=np.int32), 2)
+    with pytest.raises(TypeError, match="float64"):
+        KERNEL.descend(sums.astype(np.float32), np.array([2], dtype=np.int64), np.zeros(1), 2)
+    assert not sums.any() and not maxes.any()
+
+
+def test_forcing_the_compiled_loops_where_they_are_not_built_names_the_fix(monkeypatch) -> None:
+    monkeypatch.setattr(sumtree_module, "_sumtree_kernel", None)
+    tree = SumTree(8)
+    assert not tree.compiled
+    with pytest.raises(RuntimeError, match="C compiler"):
+        tree.compiled = True
 
 
 def test_find_on_an_empty_tree_raises() -> None:
