@@ -152,6 +152,24 @@ class BatchGroup:
     def __repr__(self) -> str:
         return f"BatchGroup(size={self.size}, taken={self.taken})"
 
+    # Neither __iter__ (which would make the group an Iterable for Lightning's batch-size inference) nor a
+    # length (fewer batches come when the pipeline ends); a loop or len() on the group gets the way to use it.
+    def __getitem__(self, index: Any) -> Any:
+        raise TypeError(self._how_to_use("cannot be indexed or iterated"))
+
+    def __len__(self) -> int:
+        raise TypeError(self._how_to_use("has no length"))
+
+    def __bool__(self) -> bool:
+        return True  # without it, bool(group) would call __len__
+
+    def _how_to_use(self, problem: str) -> str:
+        return (
+            f"a BatchGroup {problem}: it pulls its batches from the pipeline one by one, each after the previous "
+            "gradient step. Loop over group.batches() (one gradient step per batch); group.size is the most it "
+            "yields (fewer when the pipeline ends)."
+        )
+
 
 class _GroupBatches:
     """Iterator over a :class:`BatchGroup` (an object, not a generator: an interrupt inside must not close it)."""

@@ -145,6 +145,16 @@ def test_a_group_ends_with_the_pipeline():
     assert len(list(rest.batches())) == 2 and rest.taken == 2
 
 
+def test_looping_over_a_group_itself_names_group_batches_and_pulls_nothing():
+    pulled = []
+    group = ptl_rl.BatchGroup(lambda: pulled.append(1) or ptl_rl.TorchBatch(reward=torch.zeros(2)), 3)
+    for misuse in (lambda: [b for b in group], lambda: len(group), lambda: group[0]):
+        with pytest.raises(TypeError, match=r"group\.batches\(\)"):
+            misuse()
+    assert not isinstance(group, Iterable)  # Lightning's batch-size inference must not iterate it
+    assert group and pulled == [] and group.taken == 0
+
+
 def test_an_interrupted_pull_takes_nothing():
     calls = iter([KeyboardInterrupt, ptl_rl.TorchBatch(reward=torch.ones(1))])
 
