@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,22 @@ def check_video_packages(video_format: str) -> None:
     missing = missing_video_packages(video_format)
     if missing:
         raise ImportError(f"writing {video_format.upper()} videos needs {', '.join(missing)}; {VIDEO_INSTALL}")
+
+
+def quiet_headless_sdl() -> None:
+    """On Linux without a display, set ``SDL_VIDEODRIVER=dummy`` (unless set): pygame then renders off-screen quietly.
+
+    gymnasium's classic-control renderers start pygame's display even for
+    ``rgb_array`` frames; with no display, SDL prints "error: XDG_RUNTIME_DIR
+    is invalid or not set in the environment" at the first render. Where no
+    display exists no window can open either, so the dummy driver changes
+    nothing else. With ``DISPLAY`` or ``WAYLAND_DISPLAY`` set, on other systems
+    or with ``SDL_VIDEODRIVER`` set already, nothing is changed.
+    """
+    if not sys.platform.startswith("linux") or "SDL_VIDEODRIVER" in os.environ:
+        return
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        os.environ["SDL_VIDEODRIVER"] = "dummy"
 
 
 def _checked_format(video_format: str) -> str:

@@ -23,7 +23,14 @@ from ptl_rl.evaluation import run_episodes
 from ptl_rl.source import ExperienceSource
 from ptl_rl.stages import find_episode_source
 from ptl_rl.state import check_version, versioned
-from ptl_rl.video import VIDEO_FORMATS, add_tensorboard_video, as_frames, check_video_packages, write_video
+from ptl_rl.video import (
+    VIDEO_FORMATS,
+    add_tensorboard_video,
+    as_frames,
+    check_video_packages,
+    quiet_headless_sdl,
+    write_video,
+)
 
 #: frames per second of a video when neither the caller nor the env's ``metadata["render_fps"]`` says
 DEFAULT_FPS = 30
@@ -107,8 +114,19 @@ def record_episodes(
     env's own random stream, so the same seed and weights give the same
     video. Each episode's frames are held in memory until it is returned
     (``H * W * 3`` bytes per step: cap long episodes with a ``TimeLimit``).
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> import numpy as np
+        >>> import ptl_rl
+        >>> env = gym.make("CartPole-v1", render_mode="rgb_array")  # CartPole renders with pygame
+        >>> push_left = lambda obs: np.zeros(len(obs), dtype=np.int64)
+        >>> (episode,) = ptl_rl.record_episodes(env, push_left, episodes=1, seed=0)
+        >>> episode.length, episode.ret, episode.frames.shape, episode.frames.dtype  # the reset frame + 11 steps
+        (11, 11.0, (12, 400, 600, 3), dtype('uint8'))
     """
     check_video_env(env)
+    quiet_headless_sdl()
     capture = _FrameCapture(env, episodes)
     returns, lengths = run_episodes(capture, agent, episodes, seed)
     recorded = []
@@ -222,6 +240,7 @@ class EvaluationVideo(_PipelineCallback):
 
     def _check_renders(self) -> None:
         """Render the reset frame once, so that an env that cannot render fails now, not at the first recording."""
+        quiet_headless_sdl()
         self.env.reset(seed=self.seed)
         render_frame(self.env)
 

@@ -18,7 +18,6 @@ import argparse
 import difflib
 import importlib
 import math
-import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,7 +27,7 @@ from gymnasium import spaces
 from gymnasium.envs.registration import registry
 
 from ptl_rl.examples.runs import tensorboard_available
-from ptl_rl.video import VIDEO_FORMATS, VIDEO_INSTALL, missing_video_packages
+from ptl_rl.video import VIDEO_FORMATS, VIDEO_INSTALL, missing_video_packages, quiet_headless_sdl
 
 #: how to get TensorBoard logs, named wherever the examples say they are off
 TENSORBOARD_INSTALL = 'pip install -c constraints.txt -e ".[examples]" (or pip install tensorboard)'
@@ -247,9 +246,7 @@ def check_video(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error(f"--video-every: writing videos needs {', '.join(sorted(set(missing)))}; {VIDEO_INSTALL}")
     if not args.runs_dir:
         parser.error("--video-every writes into the run directory; --runs-dir is empty (write nothing)")
-    # the examples render off-screen only; without this SDL (pygame) probes for a display and, on a headless
-    # machine, prints "XDG_RUNTIME_DIR is invalid or not set" at the first render
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    quiet_headless_sdl()  # else pygame prints "XDG_RUNTIME_DIR is invalid" on a machine without a display
     try:
         env = gym.make(args.env_id, render_mode="rgb_array")
         try:

@@ -126,3 +126,23 @@ def test_the_video_env_must_be_a_single_env_rendering_rgb_arrays() -> None:
     vector = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync", render_mode="rgb_array")
     with pytest.raises(ValueError, match="recorded from a single env, got a vector env"):
         ptl_rl.record_episodes(vector, push_left)
+
+
+@pytest.mark.parametrize(
+    ("platform", "environ", "driver"),
+    [
+        ("linux", {}, "dummy"),  # a server: off-screen, and no "XDG_RUNTIME_DIR is invalid" from SDL
+        ("linux", {"DISPLAY": ":0"}, None),
+        ("linux", {"WAYLAND_DISPLAY": "wayland-0"}, None),
+        ("linux", {"SDL_VIDEODRIVER": "x11"}, "x11"),  # the user's choice stays
+        ("darwin", {}, None),  # macOS has no DISPLAY variable but can open windows
+    ],
+)
+def test_sdl_renders_off_screen_only_where_no_display_exists(monkeypatch, platform, environ, driver) -> None:
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "SDL_VIDEODRIVER"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(video.sys, "platform", platform)
+    video.quiet_headless_sdl()
+    assert video.os.environ.get("SDL_VIDEODRIVER") == driver
