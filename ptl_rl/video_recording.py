@@ -173,7 +173,9 @@ class EvaluationVideo(_PipelineCallback):
         video_format: ``"mp4"`` (H.264, needs ``imageio-ffmpeg``) or ``"gif"`` (needs ``pillow``).
         fps: frames per second; ``None``: the env's ``metadata["render_fps"]``, else 30.
         seed: the seed of every recording's first reset (``None``: unseeded, a new start each time).
-        tensorboard: also write the videos to the Trainer's TensorBoard loggers (GIFs, which need ``pillow``).
+        tensorboard: also write the videos to the Trainer's TensorBoard loggers (GIFs, which need ``pillow``),
+            through ``torch.utils.tensorboard``: a logger writing with ``tensorboardX`` (no ``tensorboard``
+            package) gets none.
         at_train_end: also record the final weights when training ends (unless a recording was made at that
             env-step count already).
 
@@ -218,6 +220,7 @@ class EvaluationVideo(_PipelineCallback):
         if not self.fps > 0:
             raise ValueError(f"fps must be > 0, got {self.fps}")
         self.directory = None if directory is None else Path(directory)
+        self._directory = self.directory  # where files go: directory, else <trainer.log_dir>/videos from setup
         self.next_record = self.every
         self.recordings: list[dict[str, Any]] = []
 
@@ -233,8 +236,8 @@ class EvaluationVideo(_PipelineCallback):
         super().setup(trainer, pl_module, stage)
         if stage != "fit" or not self._active:
             return
-        if self.directory is None:
-            self.directory = Path(trainer.log_dir or trainer.default_root_dir) / "videos"  # on every rank: a collective
+        if self.directory is None:  # trainer.log_dir on every rank: Lightning broadcasts it
+            self._directory = Path(trainer.log_dir or trainer.default_root_dir) / "videos"
         if trainer.global_rank == 0:
             self._check_renders()
 
@@ -265,7 +268,7 @@ class EvaluationVideo(_PipelineCallback):
     def record(self, trainer: Any, pl_module: Any, env_steps: int) -> dict[str, Any]:
         """Record ``episodes`` episodes now, labelled ``env_steps``: write the files and the TensorBoard videos."""
         episodes = record_episodes(self.env, self.make_agent(pl_module), self.episodes, self.seed)
-        directory = self.directory if self.directory is not None else Path(trainer.default_root_dir) / "videos"
+        directory = self._directory if self._directory is not None else Path(trainer.default_root_dir) / "videos"
         paths = []
         for i, episode in enumerate(episodes):
             paths.append(
