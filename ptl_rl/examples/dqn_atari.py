@@ -101,11 +101,13 @@ def make_single_env(env_id: str, frame_stack: int, render_mode: str | None = Non
     ``render_mode="rgb_array"`` (the video env of ``--video-every``) renders the emulator's full colour screen,
     not the 84x84 grey frames the network sees.
     """
+    # only when asked: gymnasium hands render_mode=None on to the env's constructor, which may not take it
+    render = {} if render_mode is None else {"render_mode": render_mode}
     if not env_id.startswith("ALE/"):
-        return gym.make(env_id, render_mode=render_mode)
+        return gym.make(env_id, **render)
     # frameskip=1 in the emulator: AtariPreprocessing skips 4 and max-pools the last two frames, as in the paper;
     # repeat_action_probability=0 makes it the deterministic *NoFrameskip-v4 setting the references report on
-    env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0, render_mode=render_mode)
+    env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0, **render)
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
     env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))  # reward clipping (Nature DQN)
     return gym.wrappers.FrameStackObservation(env, frame_stack)

@@ -569,3 +569,14 @@ def test_a_run_with_videos_writes_one_file_per_recording_into_its_directory(name
     for entry, path in zip(videos, written, strict=True):
         assert len(decode_mp4(path)) == entry["lengths"][0] + 1
     assert json.loads((Path(summary["run_dir"]) / "summary.json").read_text())["videos"] == videos
+
+
+def test_dqn_atari_films_the_colour_screen_of_the_env_its_agent_sees_preprocessed():
+    pytest.importorskip("ale_py", reason="the atari extra")
+    from ptl_rl.examples import dqn_atari
+
+    dqn_atari.register_ale()
+    env = dqn_atari.make_single_env("ALE/Pong-v5", 4, render_mode="rgb_array")
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (4, 84, 84) and env.render().shape == (210, 160, 3)
+    assert dqn_atari.make_single_env("ALE/Pong-v5", 4).render_mode is None  # the training envs never render
