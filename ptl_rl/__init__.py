@@ -80,6 +80,10 @@ _PUBLIC_API: dict[str, str] = {
     "Episode": "ptl_rl.source",
     "ExperienceSource": "ptl_rl.source",
     "find_stage": "ptl_rl.stages",
+    "write_video": "ptl_rl.video",
+    "EvaluationVideo": "ptl_rl.video_recording",
+    "RecordedEpisode": "ptl_rl.video_recording",
+    "record_episodes": "ptl_rl.video_recording",
     "load_pipeline_state_dict": "ptl_rl.stages",
     "pipeline_stages": "ptl_rl.stages",
     "pipeline_state_dict": "ptl_rl.stages",
@@ -103,6 +107,7 @@ __all__ = [
     "EpsilonGreedySelector",
     "EvaluationDataset",
     "EvaluationMixin",
+    "EvaluationVideo",
     "ExperienceSource",
     "FrameStorage",
     "LinearSchedule",
@@ -125,6 +130,7 @@ __all__ = [
     "PolicyAgent",
     "PrioritizedReplayBuffer",
     "RLDataModule",
+    "RecordedEpisode",
     "ReplayBuffer",
     "RolloutBuffer",
     "ScaleRewards",
@@ -148,9 +154,11 @@ __all__ = [
     "pipeline_state_dict",
     "profile",
     "rank_seed",
+    "record_episodes",
     "run_episodes",
     "set_profiling",
     "to_dataloader",
+    "write_video",
 ]
 
 if TYPE_CHECKING:
@@ -211,6 +219,8 @@ if TYPE_CHECKING:
     from ptl_rl.selectors import ArgmaxSelector, EpsilonGreedySelector
     from ptl_rl.source import Episode, ExperienceSource
     from ptl_rl.stages import find_stage, load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
+    from ptl_rl.video import write_video
+    from ptl_rl.video_recording import EvaluationVideo, RecordedEpisode, record_episodes
 
 
 def __getattr__(name: str) -> Any:

@@ -27,6 +27,7 @@ from gymnasium import spaces
 from gymnasium.envs.registration import registry
 
 from ptl_rl.examples.runs import tensorboard_available
+from ptl_rl.video import VIDEO_FORMATS, VIDEO_INSTALL, missing_video_packages, quiet_headless_sdl
 
 #: how to get TensorBoard logs, named wherever the examples say they are off
 TENSORBOARD_INSTALL = 'pip install -c constraints.txt -e ".[examples]" (or pip install tensorboard)'
@@ -44,11 +45,12 @@ def example_parser(
     """A parser whose usage line says ``python -m ptl_rl.examples.<name>``, with the flags every example shares.
 
     Groups: run (env, budget, seed, threads, accelerator), limits (``--time-limit``,
-    ``--grad-clip``), logging (``--runs-dir``, ``--log-every``) and evaluation
-    (periodic, confirmed, final). Defaults that differ per example are changed
-    with ``parser.set_defaults`` after the call. ``online=False`` (training from
-    a dataset) leaves out the env-step budget, the sub-envs and the periodic
-    evaluation: the env is only played in the final evaluation.
+    ``--grad-clip``), logging (``--runs-dir``, ``--log-every``), evaluation
+    (periodic, confirmed, final) and video (``--video-every``; online only).
+    Defaults that differ per example are changed with ``parser.set_defaults``
+    after the call. ``online=False`` (training from a dataset) leaves out the
+    env-step budget, the sub-envs, the periodic evaluation and the videos: the
+    env is only played in the final evaluation.
     """
     parser = argparse.ArgumentParser(
         prog=f"python -m ptl_rl.examples.{name}",
@@ -129,7 +131,32 @@ def example_parser(
     evaluation.add_argument(
         "--final-eval-episodes", type=int, default=100, help="fresh episodes of the final greedy evaluation (0: none)"
     )
+    add_video_flags(parser)
     return parser
+
+
+def video_help() -> str:
+    """The video group's description: what the flags need, and whether this machine has it."""
+    missing = sorted({name for fmt in VIDEO_FORMATS for name in missing_video_packages(fmt)})
+    state = f"not installed here: {', '.join(missing)}" if missing else "installed here"
+    return (
+        "greedy episodes recorded as videos into <run directory>/videos/ (and TensorBoard's Images tab), rendered "
+        "in an env of their own, never in the training envs; they need imageio-ffmpeg (MP4) and pillow (GIF), "
+        f"{state}, plus the env's renderer (pygame for classic control); {VIDEO_INSTALL}"
+    )
+
+
+def add_video_flags(parser: argparse.ArgumentParser) -> None:
+    """``--video-every N --video-episodes K --video-format mp4|gif`` (checked by :func:`parse`)."""
+    video = parser.add_argument_group("video", video_help())
+    video.add_argument(
+        "--video-every",
+        type=int,
+        default=0,
+        help="env steps between recordings of the greedy policy, plus one of the final weights (0: no videos)",
+    )
+    video.add_argument("--video-episodes", type=int, default=1, help="episodes per recording, one file each")
+    video.add_argument("--video-format", choices=VIDEO_FORMATS, default="mp4", help="file format of the videos")
 
 
 def add_burst_flags(parser: argparse.ArgumentParser, train_freq: int, gradient_steps: int = 1) -> None:
@@ -195,12 +222,42 @@ def parse(
     if args.confirm_episodes < 0 or args.final_eval_episodes < 0 or args.eval_every < 0:
         parser.error("--confirm-episodes, --final-eval-episodes and --eval-every must be >= 0")
     env = check_env(parser, args.env_id, action_spaces, algorithm, **check)
+    if getattr(args, "video_every", 0):
+        check_video(parser, args)
     if args.solved_return is None:
         threshold = getattr(env.spec, "reward_threshold", None)
         args.solved_return = threshold if threshold is not None else (solved_returns or {}).get(args.env_id)
     if args.solved_return is not None and not math.isfinite(args.solved_return):
         args.solved_return = None  # inf: never stop early
     return args, env
+
+
+def check_video(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``parser.error`` unless ``--video-every`` can record: packages installed, a run directory, an env that renders.
+
+    The env is made with ``render_mode="rgb_array"`` and renders its reset
+    frame once, so a missing renderer (pygame for classic control) is named
+    now rather than at the first recording.
+    """
+    if args.video_every < 0 or args.video_episodes < 1:
+        parser.error("--video-every must be >= 0 and --video-episodes >= 1")
+    missing = missing_video_packages(args.video_format) + (missing_video_packages("gif") if args.tensorboard else [])
+    if missing:
+        parser.error(f"--video-every: writing videos needs {', '.join(sorted(set(missing)))}; {VIDEO_INSTALL}")
+    if not args.runs_dir:
+        parser.error("--video-every writes into the run directory; --runs-dir is empty (write nothing)")
+    quiet_headless_sdl()  # else pygame prints "XDG_RUNTIME_DIR is invalid" on a machine without a display
+    try:
+        env = gym.make(args.env_id, render_mode="rgb_array")
+        try:
+            env.reset(seed=0)
+            frame = env.render()
+        finally:
+            env.close()
+    except Exception as error:  # noqa: BLE001 - any failure to render is the user's to fix before training
+        parser.error(f"--video-every: {args.env_id} cannot render rgb_array frames: {type(error).__name__}: {error}")
+    if not hasattr(frame, "shape") or len(frame.shape) != 3:
+        parser.error(f"--video-every: {args.env_id} renders {type(frame).__name__}, not rgb_array frames [H, W, 3]")
 
 
 def check_env(

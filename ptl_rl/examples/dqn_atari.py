@@ -95,13 +95,19 @@ from ptl_rl.examples.dqn import DQN, greedy_agent
 
 
 # ---------------------------------------------------------------------------- envs
-def make_single_env(env_id: str, frame_stack: int) -> gym.Env:
-    """One env: the Nature-DQN preprocessing for ``ALE/*`` ids, else the env as registered."""
+def make_single_env(env_id: str, frame_stack: int, render_mode: str | None = None) -> gym.Env:
+    """One env: the Nature-DQN preprocessing for ``ALE/*`` ids, else the env as registered.
+
+    ``render_mode="rgb_array"`` (the video env of ``--video-every``) renders the emulator's full colour screen,
+    not the 84x84 grey frames the network sees.
+    """
+    # only when asked: gymnasium hands render_mode=None on to the env's constructor, which may not take it
+    render = {} if render_mode is None else {"render_mode": render_mode}
     if not env_id.startswith("ALE/"):
-        return gym.make(env_id)
+        return gym.make(env_id, **render)
     # frameskip=1 in the emulator: AtariPreprocessing skips 4 and max-pools the last two frames, as in the paper;
     # repeat_action_probability=0 makes it the deterministic *NoFrameskip-v4 setting the references report on
-    env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0)
+    env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0, **render)
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
     env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))  # reward clipping (Nature DQN)
     return gym.wrappers.FrameStackObservation(env, frame_stack)
@@ -227,6 +233,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             pipeline,
             ptl_rl.to_dataloader(pipeline),
             make_env=lambda n: make_env(args.env_id, n, args.frame_stack),
+            make_video_env=lambda: make_single_env(args.env_id, args.frame_stack, render_mode="rgb_array"),
             greedy_agent=lambda module: greedy_agent(module.q_net),
             config={
                 "obs_shape": list(obs_space.shape),

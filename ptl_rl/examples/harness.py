@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytorch_lightning as pl
 import torch
@@ -29,6 +30,8 @@ from ptl_rl.examples.runs import RunDirectory
 #: periodic evaluation k uses seed + EVAL_SEED + 1000 k, its confirmation seed + CONFIRM_SEED + 1000 k, the final
 #: evaluation seed + FINAL_SEED: three disjoint ranges of start states, none of them the training envs' seeds
 EVAL_SEED, CONFIRM_SEED, FINAL_SEED = 10_000, 500_000, 1_000_000
+#: every video (--video-every) starts from seed + VIDEO_SEED: the same start state at each recording
+VIDEO_SEED = 2_000_000
 
 
 @dataclass
@@ -47,6 +50,8 @@ class Experiment:
         config: derived settings that belong in ``config.json``/``hparams.yaml`` beside the flags (schedules, ...).
         extra_summary: ``() -> dict`` of example-specific results, merged into the summary after training.
         log_every: batches between logged episode statistics (default ``args.log_every``).
+        make_video_env: ``() -> env`` rendering ``rgb_array`` frames, for ``--video-every`` (default:
+            ``gym.make(args.env_id, render_mode="rgb_array")``; an example whose envs have wrappers passes its own).
     """
 
     algo: str
@@ -60,6 +65,7 @@ class Experiment:
     config: dict[str, Any] = field(default_factory=dict)
     extra_summary: Callable[[], dict[str, Any]] | None = None
     log_every: int | None = None
+    make_video_env: Callable[[], Any] | None = None
 
 
 class ConfirmedEvaluation(ptl_rl.PeriodicEvaluation):
@@ -314,6 +320,9 @@ def run(experiment: Experiment) -> dict[str, Any]:
             record=record,
         )
         callbacks.append(evaluation)
+    video = video_callback(experiment, run_dir) if source is not None else None
+    if video is not None:
+        callbacks.append(video)
     if args.progress_bar:
         callbacks.append(EnvStepsProgressBar(source, refresh_rate=log_every))
     with quiet_lightning():  # Lightning's no-GPU/TPU lines, litlogger tip and its own LeafSpec warning
@@ -331,7 +340,7 @@ def run(experiment: Experiment) -> dict[str, Any]:
         final_env.close()
         final_return, final_std = float(returns.mean()), float(returns.std())
         record(env_steps(), "final", returns)
-    for env in (getattr(source, "env", None), eval_env):
+    for env in (getattr(source, "env", None), eval_env, getattr(video, "env", None)):
         if env is not None:
             env.close()
     summary: dict[str, Any] = {
@@ -356,6 +365,8 @@ def run(experiment: Experiment) -> dict[str, Any]:
         "wall_time_s": time.perf_counter() - start,
         "cpu_time_s": time.process_time() - start_cpu,
         "run_dir": None if run_dir is None else str(run_dir.path),
+        # [{"env_steps", "paths", "returns", "lengths"}] of each recording (--video-every)
+        "videos": [] if video is None else list(video.recordings),
     }
     if experiment.extra_summary is not None:
         summary.update(experiment.extra_summary())
@@ -368,6 +379,25 @@ def run(experiment: Experiment) -> dict[str, Any]:
                 logger.log_metrics({"eval/final_return_mean": final_return}, step=step)
             logger.finalize("success")
     return summary
+
+
+def video_callback(experiment: Experiment, run_dir: RunDirectory | None) -> ptl_rl.EvaluationVideo | None:
+    """The recorder of greedy videos into ``<run directory>/videos/`` for ``--video-every`` (``None`` when off)."""
+    args = experiment.args
+    if not getattr(args, "video_every", 0) or run_dir is None:
+        return None
+    make_env = experiment.make_video_env or (lambda: gym.make(args.env_id, render_mode="rgb_array"))
+    return ptl_rl.EvaluationVideo(
+        experiment.pipeline,
+        make_env(),
+        experiment.greedy_agent,
+        every_env_steps=args.video_every,
+        episodes=args.video_episodes,
+        directory=run_dir.path / "videos",
+        video_format=args.video_format,
+        seed=args.seed + VIDEO_SEED,
+        tensorboard=args.tensorboard,
+    )
 
 
 def _last_returns_mean(source: Any, episodes: int) -> float:

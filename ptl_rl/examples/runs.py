@@ -10,6 +10,7 @@ leaves its episodes and evaluations behind)::
     evaluations.csv    env_steps, gradient_steps, kind, episodes, return_mean, return_std, wall_time_s
     summary.json       final return, env steps, wall time, why training stopped, ...
     tensorboard/       TensorBoard event files (when tensorboard is installed)
+    videos/            env_steps_<9 digits>_episode_<i>.mp4 (or .gif): greedy episodes, with --video-every
 
 Only the standard library and Lightning are imported here; the files are
 plain CSV and JSON, which :mod:`ptl_rl.examples.plot` reads without torch.

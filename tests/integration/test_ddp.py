@@ -104,3 +104,24 @@ def test_normalization_statistics_are_merged_across_ranks_each_row_once(tmp_path
     saved = torch.load(tmp_path / "norm.ckpt", weights_only=True)[CHECKPOINT_KEY]["ranks"]
     counts = [s["stages"]["2:NormalizeObservations"]["normalizer"]["statistics"]["synced"]["count"] for s in saved]
     assert counts == [len(union), len(union)]
+
+
+# one package: the first test runs both
+@pytest.mark.parametrize("package", ["pytorch_lightning"])
+def test_only_rank_zero_renders_and_writes_videos(tmp_path, package) -> None:
+    pytest.importorskip("imageio_ffmpeg", reason="the video extra")
+    pytest.importorskip("pygame", reason="the video extra")
+    run_phase("video", tmp_path, package)
+    ranks = [torch.load(tmp_path / f"video_rank{r}.pt", weights_only=True) for r in range(2)]
+    recordings = ranks[0]["recordings"]
+    # 400 env steps over both ranks: recordings just past 100, 200, 300 and 400, where the budget stops training
+    # (the end of training adds none: its count was just recorded)
+    assert len(recordings) == 4 and [entry["env_steps"] for entry in recordings] == sorted(
+        entry["env_steps"] for entry in recordings
+    )
+    lengths = [entry["lengths"][0] for entry in recordings]
+    assert ranks[0]["renders"] == sum(lengths) + len(lengths) + 1  # the frames, plus the check when fit started
+    assert ranks[1]["renders"] == 0 and ranks[1]["recordings"] == []
+    assert ranks[0]["next_record"] == ranks[1]["next_record"]  # both ranks keep the rhythm, for checkpoints
+    written = sorted(path.name for path in (tmp_path / "videos").iterdir())
+    assert written == sorted(Path(entry["paths"][0]).name for entry in recordings)

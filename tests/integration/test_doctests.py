@@ -24,6 +24,7 @@ MODULES = [
     "ptl_rl.nstep",
     "ptl_rl.sampler",
     "ptl_rl.source",
+    "ptl_rl.video_recording",
 ]
 
 # Objects that must keep an example: losing one (a docstring rewritten during a merge) fails the suite.
@@ -38,6 +39,7 @@ REQUIRED = {
     "ptl_rl.nstep.NStepTransform",
     "ptl_rl.sampler.BatchSampler",
     "ptl_rl.source.ExperienceSource",
+    "ptl_rl.video_recording.record_episodes",
 }
 
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE

@@ -504,3 +504,79 @@ def test_sac_action_noise_flags():
     assert (args.action_noise, args.noise_std, args.noise_theta) == ("ou", 0.8, 0.02)
     with pytest.raises(SystemExit):
         sac.parse_args(["--noise-theta", "0"])
+
+
+# ---------------------------------------------------------------------- videos (--video-every)
+def test_help_names_what_videos_need_and_how_to_install_it(capsys):
+    from ptl_rl.examples import dqn
+
+    with pytest.raises(SystemExit):
+        dqn.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--video-every" in text and "--video-episodes" in text and "--video-format {mp4,gif}" in text
+    assert "imageio-ffmpeg (MP4) and pillow (GIF)" in text and 'pip install "ptl_rl[video]"' in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--video-every", "100", "--runs-dir", ""], "--video-every writes into the run directory"),
+        (["--video-every", "100", "--video-episodes", "0"], "--video-episodes >= 1"),
+        (["--video-every", "100", "--video-format", "avi"], "invalid choice: 'avi'"),
+    ],
+)
+def test_bad_video_flags_end_in_a_usage_error(argv, message, capsys):
+    from ptl_rl.examples import dqn
+
+    with pytest.raises(SystemExit) as exit_info:
+        dqn.parse_args(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_videos_without_their_packages_are_refused_when_the_flags_are_parsed(monkeypatch, capsys):
+    from ptl_rl.examples import dqn
+
+    monkeypatch.setattr(cli, "missing_video_packages", lambda fmt: ["imageio-ffmpeg"] if fmt == "mp4" else [])
+    assert dqn.parse_args(["--video-every", "100", "--video-format", "gif"]).video_every == 100
+    with pytest.raises(SystemExit) as exit_info:
+        dqn.parse_args(["--video-every", "100"])
+    assert exit_info.value.code == 2
+    assert '--video-every: writing videos needs imageio-ffmpeg; pip install "ptl_rl[video]"' in capsys.readouterr().err
+    assert dqn.parse_args([]).video_every == 0  # off by default: nothing is needed
+
+
+def test_an_env_that_cannot_render_is_refused_before_heavy_imports():
+    done = run_python(RUN_AS_MAIN, "dqn_atari", "--env-id", "catch_env:PixelCatch-v0", "--video-every", "100")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "--video-every: catch_env:PixelCatch-v0 cannot render rgb_array frames" in done.stderr
+    assert "HEAVY: \n" in done.stderr
+
+
+@pytest.mark.parametrize("name", ["dqn", "sac"])
+def test_a_run_with_videos_writes_one_file_per_recording_into_its_directory(name, tmp_path, restore_torch_threads):
+    pytest.importorskip("imageio_ffmpeg", reason="the video extra")
+    pytest.importorskip("pygame", reason="the video extra")
+    from videos import decode_mp4
+
+    module = __import__(f"ptl_rl.examples.{name}", fromlist=["main"])
+    argv = [*TINY[name], "--eval-every", "0", "--video-every", "250", "--no-progress-bar", "--runs-dir", str(tmp_path)]
+    summary = module.main(argv)
+    videos = summary["videos"]
+    steps = [entry["env_steps"] for entry in videos]
+    assert len(steps) >= 2 and steps[-1] == summary["env_steps"] and steps == sorted(set(steps))
+    written = sorted((Path(summary["run_dir"]) / "videos").iterdir())
+    assert [str(path) for path in written] == [entry["paths"][0] for entry in videos]
+    for entry, path in zip(videos, written, strict=True):
+        assert len(decode_mp4(path)) == entry["lengths"][0] + 1
+    assert json.loads((Path(summary["run_dir"]) / "summary.json").read_text())["videos"] == videos
+
+
+def test_dqn_atari_films_the_colour_screen_of_the_env_its_agent_sees_preprocessed():
+    pytest.importorskip("ale_py", reason="the atari extra")
+    from ptl_rl.examples import dqn_atari
+
+    dqn_atari.register_ale()
+    env = dqn_atari.make_single_env("ALE/Pong-v5", 4, render_mode="rgb_array")
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (4, 84, 84) and env.render().shape == (210, 160, 3)
+    assert dqn_atari.make_single_env("ALE/Pong-v5", 4).render_mode is None  # the training envs never render

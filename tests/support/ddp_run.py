@@ -6,6 +6,7 @@ rank 1, so it must be a script, not a test function):
     python tests/support/ddp_run.py train OUT_DIR PACKAGE    # train to an env-step budget, checkpoint
     python tests/support/ddp_run.py resume OUT_DIR PACKAGE   # resume from OUT_DIR/last.ckpt, record restored state
     python tests/support/ddp_run.py grouped OUT_DIR PACKAGE  # batches_per_step=3, gradient steps by hand
+    python tests/support/ddp_run.py video OUT_DIR PACKAGE    # EvaluationVideo: only rank 0 renders and writes
 
 Each rank writes what it saw to ``OUT_DIR/<phase>_rank<r>.pt`` for the test to compare.
 """
@@ -84,6 +85,8 @@ def main(phase: str, out: Path, package: str) -> None:
 
     if phase == "grouped":
         return grouped(L, out)
+    if phase == "video":
+        return video(L, QModule, out)
     net, sampler = build(seed=0 if phase == "train" else 123)  # a resumed run must not depend on its own seed
     module = QModule(net)
     record = Record(sampler)
@@ -147,6 +150,26 @@ def grouped(L, out: Path) -> None:  # noqa: N803
             "env_ids": torch.from_numpy(source.env_ids.copy()),
         },
         out / f"grouped_rank{trainer.global_rank}.pt",
+    )
+
+
+def video(L, module_class, out: Path) -> None:  # noqa: N803
+    """EvaluationVideo every 100 env steps (summed over ranks) under DDP: rank 0 records, rank 1 never renders."""
+    from videos import RenderSpy
+
+    net, sampler = build(seed=0)
+    env = RenderSpy(gym.make("CartPole-v1", render_mode="rgb_array"))
+    greedy = lambda module: ptl_rl.DQNAgent(module.net, ptl_rl.ArgmaxSelector())  # noqa: E731
+    recorder = ptl_rl.EvaluationVideo(sampler, env, greedy, every_env_steps=100, directory=out / "videos")
+    trainer = L.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", max_steps=10_000, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False,
+        callbacks=[ptl_rl.EnvStepLimit(sampler, BUDGET), recorder],
+    )  # fmt: skip
+    trainer.fit(module_class(net), train_dataloaders=ptl_rl.to_dataloader(sampler))
+    torch.save(
+        {"renders": env.renders, "recordings": recorder.recordings, "next_record": recorder.next_record},
+        out / f"video_rank{trainer.global_rank}.pt",
     )
 
 
