@@ -45,10 +45,12 @@ SDIST_NEEDS = {
     "PKG-INFO",
     "ptl_rl/py.typed",
     "ptl_rl/buffers/_frame_insert.c",
+    "ptl_rl/buffers/_sumtree_kernel.c",
 }
 #: build outputs and caches that must be in no package
 JUNK = ("*.so", "*.pyc", "*.pyo", "*.o", "__pycache__", ".*")
-EXTENSION = "ptl_rl/buffers/_frame_insert.*.so"
+#: the optional compiled modules (setup.py): each once in a compiled wheel, none in a fallback one
+EXTENSIONS = ("ptl_rl/buffers/_frame_insert.*.so", "ptl_rl/buffers/_sumtree_kernel.*.so")
 
 
 def fail(problems: list[str], what: str) -> None:
@@ -102,11 +104,13 @@ def check_wheel(wheel: Path, src: Path, kind: str) -> None:
         tags = Parser().parsestr(archive.read(f"{dist_info}/WHEEL").decode()).get_all("Tag")
     outside = sorted(name for name in names if name.split("/")[0] not in ("ptl_rl", dist_info))
     fail(outside, f"{wheel.name} installs files outside ptl_rl/ (docs, tests, build outputs?)")
-    extension = sorted(name for name in names if fnmatch.fnmatch(name, EXTENSION))
-    if kind == "compiled" and len(extension) != 1:
-        fail([f"{EXTENSION}: {extension}"], f"{wheel.name} should hold the compiled insert once")
+    extension = sorted(name for name in names if any(fnmatch.fnmatch(name, pattern) for pattern in EXTENSIONS))
+    for pattern in EXTENSIONS:
+        found = [name for name in extension if fnmatch.fnmatch(name, pattern)]
+        if kind == "compiled" and len(found) != 1:
+            fail([f"{pattern}: {found}"], f"{wheel.name} should hold each compiled module once")
     if kind == "fallback" and extension:
-        fail(extension, f"{wheel.name}, built without a compiler, holds a compiled insert")
+        fail(extension, f"{wheel.name}, built without a compiler, holds compiled modules")
     fail(junk(names - set(extension)), f"{wheel.name} carries build outputs or hidden files")
     stray = sorted(name for name in names if name.endswith((".c", ".h")))
     fail(stray, f"{wheel.name} ships C sources (they belong to the sdist)")

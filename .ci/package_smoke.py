@@ -121,6 +121,27 @@ def check_insert(expect: str) -> None:
     say(f"FrameStorage insert {expect}: {taken} compiled adds, module {where}; stacks equal the Python path's")
 
 
+def check_sum_tree(expect: str) -> None:
+    """The sum-tree's compiled loops are there (or not), and give the numpy path's draws."""
+    import numpy as np  # noqa: PLC0415
+
+    from ptl_rl import SumTree  # noqa: PLC0415
+    from ptl_rl.buffers import sumtree  # noqa: PLC0415
+
+    module = getattr(sumtree._sumtree_kernel, "__file__", None)
+    if (expect == "compiled") != (module is not None):
+        fail(f"sum-tree loops: expected {expect}, the installed module is {module}")
+    trees = [SumTree(5000), SumTree(5000)]
+    trees[1].compiled = False
+    values = np.random.default_rng(0).exponential(size=5000)
+    draws = []
+    for tree in trees:
+        tree.update(np.arange(5000), values)
+        draws.append(tree.sample(np.random.default_rng(1).random(256))[0])
+    np.testing.assert_array_equal(draws[0], draws[1], err_msg="sum-tree draws: default vs numpy path")
+    say(f"SumTree loops {expect}: module {module or 'none: numpy'}; draws equal the numpy path's")
+
+
 def check_dqn(runs_dir: Path, env_steps: int = 2_000) -> None:
     """The DQN example as a user runs it (``python -m``, a fresh interpreter), for ``env_steps`` CartPole steps."""
     command = [sys.executable, "-I", "-m", "ptl_rl.examples.dqn", "--env-id", "CartPole-v1", "--seed", "0"]
@@ -143,6 +164,7 @@ def main() -> None:
     say(f"smoke test of the {expect} wheel")
     check_installed(venv)
     check_insert(expect)
+    check_sum_tree(expect)
     check_dqn(runs_dir)
 
 

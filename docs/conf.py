@@ -164,7 +164,7 @@ def _resolve_by_suffix(app, env, node, contnode):  # noqa: ANN001, ANN201 - Sphi
 
 # -- Base classes ---------------------------------------------------------------------------------------------------
 # "Bases:" names only what a reader can look up: a private or internal base (a mixin, the Lightning-package shim of
-# ptl_rl.compat) is replaced by its own bases.
+# ptl_rl.lightning._compat) is replaced by its own bases.
 
 
 def _public_names() -> set[int]:

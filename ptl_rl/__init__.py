@@ -25,6 +25,8 @@ _PUBLIC_API: dict[str, str] = {
     "StochasticPolicyAgent": "ptl_rl.agents",
     "TargetNet": "ptl_rl.agents",
     "obs_to_tensor": "ptl_rl.agents",
+    "check_version": "ptl_rl._state",
+    "versioned": "ptl_rl._state",
     "BOLTS_FIELDS": "ptl_rl.batch",
     "CORE_FIELDS": "ptl_rl.batch",
     "TorchBatch": "ptl_rl.batch",
@@ -37,11 +39,6 @@ _PUBLIC_API: dict[str, str] = {
     "RolloutBuffer": "ptl_rl.buffers",
     "SequenceReplayBuffer": "ptl_rl.buffers",
     "SumTree": "ptl_rl.buffers",
-    "EnvStepLimit": "ptl_rl.callbacks",
-    "EpisodeStatsLogger": "ptl_rl.callbacks",
-    "NormalizationSync": "ptl_rl.callbacks",
-    "PeriodicEvaluation": "ptl_rl.callbacks",
-    "PipelineProfiler": "ptl_rl.callbacks",
     "ActionRescaler": "ptl_rl.distributions",
     "action_head": "ptl_rl.distributions",
     "EvaluationDataset": "ptl_rl.evaluation",
@@ -51,10 +48,15 @@ _PUBLIC_API: dict[str, str] = {
     "compute_gae": "ptl_rl.gae",
     "BatchGroup": "ptl_rl.lightning",
     "CHECKPOINT_KEY": "ptl_rl.lightning",
+    "EnvStepLimit": "ptl_rl.lightning",
+    "EpisodeStatsLogger": "ptl_rl.lightning",
     "EvaluationMixin": "ptl_rl.lightning",
+    "NormalizationSync": "ptl_rl.lightning",
+    "PeriodicEvaluation": "ptl_rl.lightning",
     "PipelineCheckpoint": "ptl_rl.lightning",
     "PipelineDataset": "ptl_rl.lightning",
     "PipelineLoader": "ptl_rl.lightning",
+    "PipelineProfiler": "ptl_rl.lightning",
     "RLDataModule": "ptl_rl.lightning",
     "to_dataloader": "ptl_rl.lightning",
     "NStepTransform": "ptl_rl.nstep",
@@ -81,9 +83,9 @@ _PUBLIC_API: dict[str, str] = {
     "ExperienceSource": "ptl_rl.source",
     "find_stage": "ptl_rl.stages",
     "write_video": "ptl_rl.video",
-    "EvaluationVideo": "ptl_rl.video_recording",
-    "RecordedEpisode": "ptl_rl.video_recording",
-    "record_episodes": "ptl_rl.video_recording",
+    "EvaluationVideo": "ptl_rl.lightning.video_recording",
+    "RecordedEpisode": "ptl_rl.lightning.video_recording",
+    "record_episodes": "ptl_rl.lightning.video_recording",
     "load_pipeline_state_dict": "ptl_rl.stages",
     "pipeline_stages": "ptl_rl.stages",
     "pipeline_state_dict": "ptl_rl.stages",
@@ -142,6 +144,7 @@ __all__ = [
     "TransitionBatch",
     "action_head",
     "assign_rank",
+    "check_version",
     "compute_gae",
     "evaluate",
     "evaluation_dataloader",
@@ -158,10 +161,12 @@ __all__ = [
     "run_episodes",
     "set_profiling",
     "to_dataloader",
+    "versioned",
     "write_video",
 ]
 
 if TYPE_CHECKING:
+    from ptl_rl._state import check_version, versioned
     from ptl_rl.agents import (
         ActorCriticAgent,
         DeterministicActorAgent,
@@ -182,26 +187,25 @@ if TYPE_CHECKING:
         SequenceReplayBuffer,
         SumTree,
     )
-    from ptl_rl.callbacks import (
-        EnvStepLimit,
-        EpisodeStatsLogger,
-        NormalizationSync,
-        PeriodicEvaluation,
-        PipelineProfiler,
-    )
     from ptl_rl.distributions import ActionRescaler, action_head
     from ptl_rl.evaluation import EvaluationDataset, evaluate, evaluation_dataloader, run_episodes
     from ptl_rl.gae import compute_gae
     from ptl_rl.lightning import (
         CHECKPOINT_KEY,
         BatchGroup,
+        EnvStepLimit,
+        EpisodeStatsLogger,
         EvaluationMixin,
+        NormalizationSync,
+        PeriodicEvaluation,
         PipelineCheckpoint,
         PipelineDataset,
         PipelineLoader,
+        PipelineProfiler,
         RLDataModule,
         to_dataloader,
     )
+    from ptl_rl.lightning.video_recording import EvaluationVideo, RecordedEpisode, record_episodes
     from ptl_rl.normalization import (
         NormalizationModule,
         NormalizedAgent,
@@ -220,7 +224,6 @@ if TYPE_CHECKING:
     from ptl_rl.source import Episode, ExperienceSource
     from ptl_rl.stages import find_stage, load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
     from ptl_rl.video import write_video
-    from ptl_rl.video_recording import EvaluationVideo, RecordedEpisode, record_episodes
 
 
 def __getattr__(name: str) -> Any:

@@ -13,13 +13,13 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from ptl_rl.checks import check_output_width, scores_width, static_output_width
+from ptl_rl._checks import check_output_width, scores_width, static_output_width
+from ptl_rl._state import check_version, versioned
+from ptl_rl._trees import to_numpy
 from ptl_rl.distributions import ActionDistribution, ActionRescaler, Categorical, MultiCategorical, uniform_log_prob
 from ptl_rl.ranks import rank_seed
 from ptl_rl.schedules import LinearSchedule, as_schedule
 from ptl_rl.selectors import EpsilonGreedySelector
-from ptl_rl.state import check_version, versioned
-from ptl_rl.trees import to_numpy
 
 
 class _DeviceOf:

@@ -5,9 +5,9 @@ row per transition). A field is either an array or, for ``gymnasium.spaces.Dict`
 observations, a (possibly nested) dict of arrays. Agent extras (``log_prob``,
 ``value``, a hidden state, ...) are ordinary fields next to the core ones.
 
-Core fields (see DESIGN.md): ``obs``, ``action``, ``reward`` (float32, [B]),
-``next_obs``, ``terminated`` and ``truncated`` (bool, [B]), ``discount``
-(float32, [B]), ``env_id`` (int64, [B]).
+Core fields (the field contract, ``docs/contract.rst``): ``obs``, ``action``,
+``reward`` (float32, [B]), ``next_obs``, ``terminated`` and ``truncated``
+(bool, [B]), ``discount`` (float32, [B]), ``env_id`` (int64, [B]).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ptl_rl._trees import tree_leaves, tree_map
 from ptl_rl.profiling import HOST_TO_DEVICE, SWITCH, perf_counter_ns
-from ptl_rl.trees import tree_leaves, tree_map  # noqa: F401 - re-exported, their home before trees.py
 
 CORE_FIELDS = (
     "obs",

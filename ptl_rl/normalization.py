@@ -41,11 +41,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from ptl_rl._reprs import stage_repr
+from ptl_rl._state import check_version, versioned
 from ptl_rl.batch import TorchBatch, TransitionBatch
-from ptl_rl.reprs import stage_repr
 from ptl_rl.running_stats import Moments, RunningStatistics
 from ptl_rl.stages import pipeline_stages
-from ptl_rl.state import check_version, versioned
 
 _OUTPUTS = ("normalized", "raw")
 

@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ptl_rl._grouping import rank_within_group
+from ptl_rl._reprs import stage_repr
+from ptl_rl._state import check_version, versioned
+from ptl_rl._trees import tree_assign, tree_map, tree_take
 from ptl_rl.batch import TransitionBatch
-from ptl_rl.grouping import rank_within_group
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
-from ptl_rl.reprs import stage_repr
-from ptl_rl.state import check_version, versioned
-from ptl_rl.trees import tree_assign, tree_map, tree_take
 
 # Fields that describe the end of a step rather than its start: they are not kept in the window.
 _STEP_END_FIELDS = ("next_obs", "terminated", "truncated", "discount", "env_id")

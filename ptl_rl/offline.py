@@ -1,6 +1,6 @@
 """Offline data: Minari datasets in and out of the pipeline.
 
-Two stages and a helper, all with the field contract of live data (DESIGN.md):
+Two stages and a helper, all with the field contract of live data (``docs/contract.rst``):
 
 * :class:`MinariSource` reads the episodes of a Minari dataset and yields the
   :class:`~ptl_rl.batch.TransitionBatch` es an :class:`~ptl_rl.source.ExperienceSource`
@@ -36,11 +36,11 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from ptl_rl._grouping import rank_within_group
+from ptl_rl._reprs import stage_repr
+from ptl_rl._trees import tree_assign, tree_leaves, tree_map, tree_take
 from ptl_rl.batch import TransitionBatch
-from ptl_rl.grouping import rank_within_group
 from ptl_rl.ranks import distributed_rank, rank_seed
-from ptl_rl.reprs import stage_repr
-from ptl_rl.trees import tree_assign, tree_leaves, tree_map, tree_take
 
 __all__ = ["MinariRecorder", "MinariSource", "minari_replay_buffer", "open_minari_dataset"]
 

@@ -7,13 +7,13 @@ from typing import Any, Protocol
 
 import torch
 
+from ptl_rl._reprs import stage_repr
+from ptl_rl._state import check_version, versioned
 from ptl_rl.batch import TorchBatch, TransitionBatch
 from ptl_rl.buffers import ReplayBuffer, RolloutBuffer, SequenceReplayBuffer
 from ptl_rl.nstep import NStepTransform
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
-from ptl_rl.reprs import stage_repr
 from ptl_rl.source import ExperienceSource
-from ptl_rl.state import check_version, versioned
 
 
 class Sampleable(Protocol):

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from ptl_rl._state import check_version, versioned
 from ptl_rl.ranks import rank_seed
 from ptl_rl.schedules import LinearSchedule, Schedule, as_schedule
-from ptl_rl.state import check_version, versioned
 
 __all__ = ["ArgmaxSelector", "EpsilonGreedySelector", "LinearSchedule", "Schedule"]
 

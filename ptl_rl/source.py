@@ -33,13 +33,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ptl_rl._checks import check_agent
+from ptl_rl._reprs import env_name, stage_repr
+from ptl_rl._state import check_version, versioned
+from ptl_rl._trees import to_numpy, tree_leaves, tree_map
 from ptl_rl.batch import CORE_FIELDS, TransitionBatch
-from ptl_rl.checks import check_agent
 from ptl_rl.envpool import as_vector_env, check_autoreset_mode
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
-from ptl_rl.reprs import env_name, stage_repr
-from ptl_rl.state import check_version, versioned
-from ptl_rl.trees import to_numpy, tree_leaves, tree_map
 
 NEXT_STEP, SAME_STEP, DISABLED = "NextStep", "SameStep", "Disabled"
 _AUTORESET_MODES = (NEXT_STEP, SAME_STEP, DISABLED)

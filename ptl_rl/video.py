@@ -3,7 +3,7 @@
 Frames are what ``env.render()`` returns for an env made with
 ``render_mode="rgb_array"``: uint8 arrays ``[H, W, 3]``. A video is a
 sequence of them, ``[T, H, W, 3]``. This module only writes them; recording
-them from an agent is :mod:`ptl_rl.video_recording`.
+them from an agent is :mod:`ptl_rl.lightning.video_recording`.
 
 The writers need the ``video`` extra (``imageio-ffmpeg``, which ships its own
 ffmpeg binary, for MP4; ``pillow`` for GIF). Nothing here imports torch or

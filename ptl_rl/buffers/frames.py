@@ -45,11 +45,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from ptl_rl._grouping import rank_within_group
+from ptl_rl._state import check_version, versioned
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.memmap import MemmapStorage, open_fresh_memmap
 from ptl_rl.buffers.storage import ArrayStorage
-from ptl_rl.grouping import rank_within_group
-from ptl_rl.state import check_version, versioned
 
 _OBS_FIELDS = ("obs", "next_obs")
 

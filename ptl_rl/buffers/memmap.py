@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from ptl_rl._trees import tree_leaves
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.storage import ArrayStorage
-from ptl_rl.trees import tree_leaves
 
 
 def open_fresh_memmap(

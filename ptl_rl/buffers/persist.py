@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ptl_rl.trees import tree_leaves
+from ptl_rl._trees import tree_leaves
 
 MANIFEST = "manifest.json"
 FORMAT = "ptl_rl.FrameStorage"

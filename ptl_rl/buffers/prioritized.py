@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ptl_rl._reprs import stage_repr
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.indexed import (
     SAMPLE_FIELDS,
@@ -33,7 +34,6 @@ from ptl_rl.buffers.indexed import (
     check_reserved_fields,
     to_numpy_1d,
 )
-from ptl_rl.reprs import stage_repr
 from ptl_rl.schedules import Schedule
 
 __all__ = ["SAMPLE_FIELDS", "PrioritizedReplayBuffer", "PriorityFeedback", "Schedule", "to_numpy_1d"]

@@ -7,14 +7,14 @@ from typing import Any
 
 import numpy as np
 
+from ptl_rl._reprs import stage_repr
+from ptl_rl._state import check_version, versioned
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.frames import redraw_unsampleable
 from ptl_rl.buffers.shuffle import ShuffledPasses
 from ptl_rl.buffers.storage import ArrayStorage
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
 from ptl_rl.ranks import rank_seed
-from ptl_rl.reprs import stage_repr
-from ptl_rl.state import check_version, versioned
 
 
 class ReplayBuffer:

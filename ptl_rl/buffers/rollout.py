@@ -51,13 +51,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from ptl_rl._grouping import rank_within_group
+from ptl_rl._reprs import stage_repr
+from ptl_rl._state import check_version, versioned
+from ptl_rl._trees import tree_map
 from ptl_rl.batch import TorchBatch, TransitionBatch
 from ptl_rl.gae import compute_gae
-from ptl_rl.grouping import rank_within_group
-from ptl_rl.reprs import stage_repr
 from ptl_rl.stages import pipeline_stages
-from ptl_rl.state import check_version, versioned
-from ptl_rl.trees import tree_map
 
 ValueFn = Callable[[Any], np.ndarray]
 _NORMALIZE = ("minibatch", "rollout", None)

@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ptl_rl._reprs import stage_repr
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.indexed import IndexedReplayBuffer, check_reserved_fields
 from ptl_rl.buffers.replay import restore_storage, storage_snapshot
-from ptl_rl.reprs import stage_repr
 from ptl_rl.schedules import Schedule
 
 _REQUIRED_FIELDS = ("env_id", "terminated", "truncated")

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ptl_rl.state import check_version, versioned
+from ptl_rl._state import check_version, versioned
 
 
 class ShuffledPasses:

@@ -7,12 +7,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ptl_rl._state import check_version, versioned
+from ptl_rl._trees import tree_leaves, tree_map, tree_take
 from ptl_rl.batch import TransitionBatch
-from ptl_rl.state import check_version, versioned
-from ptl_rl.trees import tree_leaves, tree_map, tree_take
 
-# The field contract's dtypes (DESIGN.md). A buffer stores these fields in these dtypes whatever the first batch
-# brought (SyncVectorEnv's float64 rewards, a recorded dataset's int terminals), and casts later batches to them.
+# The field contract's dtypes (docs/contract.rst). A buffer stores these fields in these dtypes whatever the first
+# batch brought (SyncVectorEnv's float64 rewards, a recorded dataset's int terminals), and casts later batches to them.
 CONTRACT_DTYPES = {
     "reward": np.dtype(np.float32),
     "discount": np.dtype(np.float32),

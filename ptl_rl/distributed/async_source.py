@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from ptl_rl._reprs import stage_repr
+from ptl_rl._state import check_version, versioned
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.distributed.common import (
     VERSION_FIELD,
@@ -45,8 +47,6 @@ from ptl_rl.distributed.common import (
 )
 from ptl_rl.distributed.shm_ring import RingReader, RingWriter
 from ptl_rl.ranks import distributed_rank
-from ptl_rl.reprs import stage_repr
-from ptl_rl.state import check_version, versioned
 
 _POLL_S = 0.1  # how often a blocked side looks at the other one (stop flag, parent alive, child alive)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ptl_rl.compat import Callback
+from ptl_rl.lightning._compat import Callback
 from ptl_rl.stages import pipeline_stages
 
 

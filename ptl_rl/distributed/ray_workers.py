@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from ptl_rl._reprs import stage_repr
+from ptl_rl._state import check_version, versioned
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.distributed.async_source import CollectorError
 from ptl_rl.distributed.common import (
@@ -31,9 +33,7 @@ from ptl_rl.distributed.common import (
     worker_rank,
 )
 from ptl_rl.ranks import distributed_rank
-from ptl_rl.reprs import stage_repr
 from ptl_rl.source import Episode
-from ptl_rl.state import check_version, versioned
 
 
 def _ray() -> Any:

@@ -20,11 +20,11 @@ MODULES = [
     "ptl_rl.buffers.replay",
     "ptl_rl.buffers.rollout",
     "ptl_rl.buffers.sequence",
-    "ptl_rl.lightning",
+    "ptl_rl.lightning.adapter",
     "ptl_rl.nstep",
     "ptl_rl.sampler",
     "ptl_rl.source",
-    "ptl_rl.video_recording",
+    "ptl_rl.lightning.video_recording",
 ]
 
 # Objects that must keep an example: losing one (a docstring rewritten during a merge) fails the suite.
@@ -35,11 +35,11 @@ REQUIRED = {
     "ptl_rl.buffers.replay.ReplayBuffer",
     "ptl_rl.buffers.rollout.RolloutBuffer",
     "ptl_rl.buffers.sequence.SequenceReplayBuffer",
-    "ptl_rl.lightning.to_dataloader",
+    "ptl_rl.lightning.adapter.to_dataloader",
     "ptl_rl.nstep.NStepTransform",
     "ptl_rl.sampler.BatchSampler",
     "ptl_rl.source.ExperienceSource",
-    "ptl_rl.video_recording.record_episodes",
+    "ptl_rl.lightning.video_recording.record_episodes",
 }
 
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE

@@ -30,6 +30,7 @@ def load_contents_check():
 contents = load_contents_check()
 MODULES = ("ptl_rl/__init__.py", "ptl_rl/buffers/__init__.py", "ptl_rl/buffers/frames.py")
 SO = "ptl_rl/buffers/_frame_insert.cpython-311-x86_64-linux-gnu.so"
+SUMTREE_SO = "ptl_rl/buffers/_sumtree_kernel.cpython-311-x86_64-linux-gnu.so"
 
 
 @pytest.fixture
@@ -94,12 +95,14 @@ def test_the_sdist_check_names_what_is_wrong(tmp_path, src, change, named) -> No
 
 
 def test_wheels_with_and_without_the_extension_pass_as_what_they_are(tmp_path, src) -> None:
-    contents.check_wheel(wheel(tmp_path, GOOD_WHEEL | {SO}, requires=REQUIRES), src, "compiled")
+    contents.check_wheel(wheel(tmp_path, GOOD_WHEEL | {SO, SUMTREE_SO}, requires=REQUIRES), src, "compiled")
     contents.check_wheel(wheel(tmp_path, GOOD_WHEEL, requires=REQUIRES), src, "fallback")
-    with pytest.raises(SystemExit, match="should hold the compiled insert"):
-        contents.check_wheel(wheel(tmp_path, GOOD_WHEEL, requires=REQUIRES), src, "compiled")
-    with pytest.raises(SystemExit, match="built without a compiler, holds a compiled insert"):
-        contents.check_wheel(wheel(tmp_path, GOOD_WHEEL | {SO}, requires=REQUIRES), src, "fallback")
+    for partial in (set(), {SO}, {SUMTREE_SO}):
+        with pytest.raises(SystemExit, match="should hold each compiled module once"):
+            contents.check_wheel(wheel(tmp_path, GOOD_WHEEL | partial, requires=REQUIRES), src, "compiled")
+    for stray in ({SO}, {SUMTREE_SO}):
+        with pytest.raises(SystemExit, match="built without a compiler, holds compiled modules"):
+            contents.check_wheel(wheel(tmp_path, GOOD_WHEEL | stray, requires=REQUIRES), src, "fallback")
 
 
 @pytest.mark.parametrize(

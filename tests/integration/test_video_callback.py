@@ -14,8 +14,8 @@ from torch import nn
 from videos import RenderSpy, assert_same_frames, decode_gif, decode_mp4, play_by_hand
 
 import ptl_rl
+from ptl_rl.lightning.video_recording import video_name
 from ptl_rl.video import gif_frame_ms
-from ptl_rl.video_recording import video_name
 
 pytest.importorskip("imageio_ffmpeg", reason="the video extra: pip install -e '.[video]'")
 pytest.importorskip("PIL", reason="the video extra: pip install -e '.[video]'")

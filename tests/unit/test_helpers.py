@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ptl_rl.grouping import rank_within_group
+from ptl_rl._grouping import rank_within_group
 from ptl_rl.schedules import Constant, LinearSchedule, as_schedule
 
 

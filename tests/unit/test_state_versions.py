@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import ptl_rl
-from ptl_rl.state import STATE_VERSION_KEY
+from ptl_rl._state import STATE_VERSION_KEY
 
 
 def _rows(n: int) -> ptl_rl.TransitionBatch:

@@ -11,7 +11,7 @@ from videos import assert_same_frames, decode_gif, decode_mp4
 
 import ptl_rl
 from ptl_rl import video
-from ptl_rl.video_recording import check_video_env
+from ptl_rl.lightning.video_recording import check_video_env
 
 imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg", reason="the video extra: pip install -e '.[video]'")
 pytest.importorskip("PIL", reason="the video extra: pip install -e '.[video]'")

@@ -17,12 +17,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from ptl_rl.callbacks import _global_env_steps, _PipelineCallback
-from ptl_rl.compat import LIGHTNING_PACKAGES
+from ptl_rl._state import check_version, versioned
 from ptl_rl.evaluation import run_episodes
+from ptl_rl.lightning._compat import LIGHTNING_PACKAGES
+from ptl_rl.lightning.stops import PipelineCallback, global_env_steps
 from ptl_rl.source import ExperienceSource
 from ptl_rl.stages import find_episode_source
-from ptl_rl.state import check_version, versioned
 from ptl_rl.video import (
     VIDEO_FORMATS,
     add_tensorboard_video,
@@ -142,7 +142,7 @@ def video_name(env_steps: int, episode: int, video_format: str) -> str:
     return f"env_steps_{env_steps:09d}_episode_{episode}.{video_format}"
 
 
-class EvaluationVideo(_PipelineCallback):
+class EvaluationVideo(PipelineCallback):
     """Records greedy episodes of the current policy as videos every ``every_env_steps`` env steps.
 
     At each recording the agent of ``make_agent(pl_module)`` (acting with the
@@ -250,7 +250,7 @@ class EvaluationVideo(_PipelineCallback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
         if self.every <= 0:
             return
-        steps = _global_env_steps(trainer, self.source)  # every rank takes part: a collective under DDP
+        steps = global_env_steps(trainer, self.source)  # every rank takes part: a collective under DDP
         if steps < self.next_record:
             return
         self.next_record = steps - steps % self.every + self.every
@@ -260,7 +260,7 @@ class EvaluationVideo(_PipelineCallback):
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if not self.at_train_end:
             return
-        steps = _global_env_steps(trainer, self.source)
+        steps = global_env_steps(trainer, self.source)
         done = bool(self.recordings) and self.recordings[-1]["env_steps"] == steps
         if trainer.global_rank == 0 and not done:
             self.record(trainer, pl_module, steps)

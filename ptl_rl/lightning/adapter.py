@@ -1,48 +1,27 @@
-"""The Lightning side: the DataLoader adapter, the checkpoint of a pipeline, and a DataModule around both.
+"""The DataLoader adapter: a live pipeline as the ``train_dataloaders`` of ``trainer.fit``.
 
 Everything here works with the Trainer of either Lightning package
-(``pytorch_lightning`` or ``lightning.pytorch``), see :mod:`ptl_rl.compat`.
-The callbacks live in :mod:`ptl_rl.callbacks`.
+(``pytorch_lightning`` or ``lightning.pytorch``).
 """
 
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
 from ptl_rl.batch import TransitionBatch
-from ptl_rl.compat import Callback, DataModule
-from ptl_rl.evaluation import evaluation_dataloader
-from ptl_rl.normalization import sync_statistics
+from ptl_rl.lightning.checkpoint import is_checkpointed, note_checkpointed
+from ptl_rl.lightning.stops import stop_known
 from ptl_rl.nstep import NStepTransform
 from ptl_rl.ranks import assign_rank, distributed_rank
 from ptl_rl.source import ExperienceSource
-from ptl_rl.stages import (
-    find_stage,
-    holds_replay,
-    load_pipeline_state_dict,
-    pipeline_stages,
-    pipeline_state_dict,
-)
+from ptl_rl.stages import holds_replay
 
-__all__ = [
-    "CHECKPOINT_KEY",
-    "BatchGroup",
-    "PipelineCheckpoint",
-    "PipelineDataset",
-    "RLDataModule",
-    "find_stage",
-    "load_pipeline_state_dict",
-    "pipeline_stages",
-    "pipeline_state_dict",
-    "to_dataloader",
-]
+__all__ = ["BatchGroup", "PipelineDataset", "PipelineLoader", "check_last_stage", "to_dataloader"]
 
 # The adapter always uses num_workers=0, on purpose (the agent must act with the learner's current weights,
 # in this process), and with one worker a length on an IterableDataset is exact. Lightning warns about both while
@@ -52,26 +31,6 @@ _IRRELEVANT_WARNINGS = (
     r"Your `IterableDataset` has `__len__` defined",
     r"The 'train_dataloader' does not have many workers",
 )
-
-# Where a pipeline's state lives in a Lightning checkpoint: one fixed key, whatever the DataModule's class.
-CHECKPOINT_KEY = "ptl_rl/pipeline"
-
-# Last stages whose state some PipelineCheckpoint saves; the adapter warns when a checkpoint misses them.
-_CHECKPOINTED: weakref.WeakSet = weakref.WeakSet()
-
-# Stages whose Trainer a ptl_rl callback has seen with a stop condition (max_steps or an EnvStepLimit): an endless
-# loader over them needs no warning. The adapter cannot see the Trainer itself.
-_STOP_KNOWN: weakref.WeakSet = weakref.WeakSet()
-
-
-def note_trainer_limits(trainer: Any, pipeline: Any) -> None:
-    """Called by ptl_rl's callbacks at ``setup``: remember whether ``trainer`` stops an endless loader by itself."""
-    if trainer.max_steps != -1 or _has_step_limit(trainer):
-        _STOP_KNOWN.update(pipeline_stages(pipeline))
-
-
-def _last_stage(pipeline: Any) -> Any:
-    return pipeline_stages(pipeline)[-1]
 
 
 class _Epoch:
@@ -231,8 +190,7 @@ class PipelineDataset(IterableDataset):
         rank, world_size = distributed_rank()
         if world_size > 1:
             assign_rank(self.pipeline, rank)
-        stop_known = any(stage in _STOP_KNOWN for stage in pipeline_stages(self.pipeline))
-        if self.steps_per_epoch is None and not (self.stop_condition_checked or stop_known):
+        if self.steps_per_epoch is None and not (self.stop_condition_checked or stop_known(self.pipeline)):
             warnings.warn(
                 "this ptl_rl loader has no length (steps_per_epoch=None), so Lightning runs one endless epoch: "
                 "training ends only at Trainer(max_steps=...), an EnvStepLimit callback or an interrupt, and "
@@ -273,7 +231,7 @@ class PipelineLoader(DataLoader):
     dataset: PipelineDataset
 
     def state_dict(self) -> dict[str, Any]:
-        if not any(stage in _CHECKPOINTED for stage in pipeline_stages(self.dataset.pipeline)):
+        if not is_checkpointed(self.dataset.pipeline):
             warnings.warn(
                 "a Lightning checkpoint is being written without the ptl_rl pipeline's state (replay, n-step "
                 "windows, RNG, epsilon, env-step counters): resuming from it restarts collection from scratch. "
@@ -281,7 +239,7 @@ class PipelineLoader(DataLoader):
                 UserWarning,
                 stacklevel=2,
             )
-            _CHECKPOINTED.add(_last_stage(self.dataset.pipeline))  # warn once per pipeline
+            note_checkpointed(self.dataset.pipeline)  # warn once per pipeline
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -293,7 +251,7 @@ def _as_is(batch: Any) -> Any:
 
 
 def _check_first_batch(pipeline: Any, batch: Any) -> None:
-    """Stages ``_check_last_stage`` cannot know by type (a user's, a dataset reader) show it in their first batch."""
+    """Stages ``check_last_stage`` cannot know by type (a user's, a dataset reader) show it in their first batch."""
     if isinstance(batch, TransitionBatch):
         raise TypeError(
             f"the last stage, {type(pipeline).__name__}, yields numpy TransitionBatches, not torch batches: put a "
@@ -302,7 +260,8 @@ def _check_first_batch(pipeline: Any, batch: Any) -> None:
         )
 
 
-def _check_last_stage(pipeline: Any) -> None:
+def check_last_stage(pipeline: Any) -> None:
+    """Raise, naming the fix, for a last stage that yields no torch batches (a buffer, a source, an n-step stage)."""
     if holds_replay(pipeline) or isinstance(pipeline, (ExperienceSource, NStepTransform)):
         kind = type(pipeline).__name__
         raise TypeError(
@@ -361,7 +320,7 @@ def to_dataloader(
         >>> len(loader), [batch.reward.shape for batch in loader]
         (3, [torch.Size([8]), torch.Size([8]), torch.Size([8])])
     """
-    _check_last_stage(pipeline)
+    check_last_stage(pipeline)
     for message in _IRRELEVANT_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
     if steps_per_epoch is None:
@@ -381,230 +340,3 @@ def _rollout_groups(pipeline: Any, batches_per_step: int) -> int | None:
             "would span two rollouts; pick a divisor of batches_per_rollout"
         )
     return per_rollout // batches_per_step
-
-
-# ---------------------------------------------------------------------------- checkpoints
-def _world(trainer: Any) -> tuple[int, int]:
-    return int(trainer.global_rank), int(trainer.world_size)
-
-
-def _gather_to_rank_zero(state: Any, trainer: Any) -> list[Any] | None:
-    """Every rank's ``state`` on rank 0 (in rank order); ``None`` on the other ranks."""
-    rank, world_size = _world(trainer)
-    if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
-        return [state]
-    gathered: list[Any] | None = [None] * world_size if rank == 0 else None
-    dist.gather_object(state, gathered, dst=0)
-    return gathered
-
-
-class PipelineCheckpoint(Callback):
-    """Saves a pipeline's state in every Lightning checkpoint and restores it on resume.
-
-    The state (replay contents, priorities, RNG states, in-flight n-step
-    windows, episode counters, the agent's exploration state) is held as
-    tensors and plain containers, so ``torch.load(ckpt, weights_only=True)``
-    reads the checkpoint. It lives under one fixed key,
-    :data:`CHECKPOINT_KEY`, whatever the DataModule's class.
-
-    Args:
-        pipeline: the last stage (or the loader from :func:`to_dataloader`).
-        include_replay: ``False`` keeps replay buffers out of checkpoints (for
-            replays too large to copy); after a resume they warm up again.
-
-    * Under DDP every rank's pipeline is its own: at save, each rank's state is
-      gathered to rank 0, which writes them all; at load, rank ``r`` takes
-      entry ``r``. A rank with no saved entry (a larger world on resume) starts
-      fresh, with a warning.
-    * ``ModelCheckpoint(save_weights_only=True)`` writes no pipeline state
-      (Lightning skips callbacks' checkpoint hooks for weights-only saves).
-    * Saving does not copy the replay in memory: the saved tensors are views of
-      the buffer's arrays, written straight to the file.
-    * At ``setup`` it gives every stage the Trainer's global rank (see
-      :mod:`ptl_rl.ranks`), before any restore.
-    """
-
-    def __init__(self, pipeline: Any, include_replay: bool = True) -> None:
-        super().__init__()
-        self.pipeline = pipeline
-        self.include_replay = bool(include_replay)
-        _CHECKPOINTED.add(_last_stage(pipeline))
-
-    @property
-    def last_stage(self) -> Any:
-        return _last_stage(self.pipeline)
-
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        note_trainer_limits(trainer, self.pipeline)
-        rank, world_size = _world(trainer)
-        if world_size > 1:
-            assign_rank(self.pipeline, rank)
-
-    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        if _world(trainer)[1] > 1:  # every rank is here: the checkpoint gets the statistics of all ranks' data
-            sync_statistics(self.pipeline)
-        per_rank = _gather_to_rank_zero(pipeline_state_dict(self.pipeline, self.include_replay), trainer)
-        if per_rank is not None:
-            checkpoint[CHECKPOINT_KEY] = {"world_size": len(per_rank), "ranks": per_rank}
-
-    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        saved = checkpoint.get(CHECKPOINT_KEY)
-        if saved is None:
-            warnings.warn(
-                "the checkpoint holds no ptl_rl pipeline state (written without PipelineCheckpoint, or with "
-                "save_weights_only=True): the pipeline starts fresh, with an empty replay",
-                UserWarning,
-                stacklevel=2,
-            )
-            return
-        rank, world_size = _world(trainer)
-        if rank >= len(saved["ranks"]):
-            warnings.warn(
-                f"the checkpoint holds the pipelines of {len(saved['ranks'])} ranks; rank {rank} of this run "
-                f"(world size {world_size}) has none and starts fresh",
-                UserWarning,
-                stacklevel=2,
-            )
-            return
-        load_pipeline_state_dict(self.pipeline, saved["ranks"][rank])
-
-
-# ---------------------------------------------------------------------------- DataModule
-class RLDataModule(DataModule):
-    """A DataModule over a pipeline whose state travels in Lightning checkpoints.
-
-    Args:
-        pipeline: the last stage (a :class:`~ptl_rl.sampler.BatchSampler` or a
-            :class:`~ptl_rl.buffers.RolloutBuffer`).
-        steps_per_epoch: batches per Lightning epoch (``None``: one endless
-            epoch, or one epoch per rollout for a RolloutBuffer).
-        include_replay: keep replay buffers in checkpoints (see :class:`PipelineCheckpoint`).
-        eval_env, eval_agent: when given, ``val_dataloader`` and ``test_dataloader``
-            run ``eval_episodes`` greedy episodes per validation (see
-            :func:`~ptl_rl.evaluation.evaluation_dataloader`), so
-            ``val_check_interval``, ``EarlyStopping``/``ModelCheckpoint(monitor=...)``
-            and ``trainer.validate()`` work on the episode return; pair it with
-            :class:`EvaluationMixin` for a ready ``validation_step``.
-        eval_episodes, eval_seed: episodes per evaluation, and their seed.
-        as_tuple: hand batches over as tuples of these fields (see :func:`to_dataloader`).
-
-    At ``setup`` it adds a :class:`PipelineCheckpoint` for its pipeline to the
-    Trainer's callbacks (unless one is there), so the pipeline's state is saved
-    under a fixed key and restored on ``fit(..., ckpt_path=...)`` for epoch- and
-    step-based training alike, and a subclass reads its parent's checkpoints.
-    """
-
-    def __init__(
-        self,
-        pipeline: Any,
-        steps_per_epoch: int | None = 1000,
-        *,
-        include_replay: bool = True,
-        eval_env: Any = None,
-        eval_agent: Any = None,
-        eval_episodes: int = 10,
-        eval_seed: int | None = None,
-        as_tuple: Sequence[str] | None = None,
-    ) -> None:
-        super().__init__()
-        if (eval_env is None) != (eval_agent is None):
-            raise ValueError("pass eval_env and eval_agent together (the agent acts greedily in eval_env)")
-        _check_last_stage(pipeline)
-        self.pipeline = pipeline
-        self.steps_per_epoch = steps_per_epoch
-        self.include_replay = include_replay
-        self.as_tuple = as_tuple
-        self.eval_env, self.eval_agent = eval_env, eval_agent
-        self.eval_episodes, self.eval_seed = int(eval_episodes), eval_seed
-        self._loader: PipelineLoader | None = None
-        if eval_env is None:
-            # No evaluation: Lightning must see no val/test loader at all, or it warns on every fit that a
-            # val_dataloader has no validation_step. It tells by comparing the method's code with its own
-            # base class's, and the two Lightning packages have different bases, so the loaders are hidden
-            # on the instance instead of redefined; a subclass's own loaders stay.
-            for name in ("val_dataloader", "test_dataloader"):
-                if getattr(type(self), name) is getattr(RLDataModule, name):
-                    setattr(self, name, None)
-
-    def setup(self, stage: str) -> None:
-        trainer = self.trainer
-        if trainer is None:
-            return
-        if not any(
-            isinstance(c, PipelineCheckpoint) and c.last_stage is _last_stage(self.pipeline) for c in trainer.callbacks
-        ):
-            callback = PipelineCheckpoint(self.pipeline, include_replay=self.include_replay)
-            trainer.callbacks.append(callback)
-            callback.setup(trainer, trainer.lightning_module, stage)
-        loader = self.train_dataloader()
-        loader.dataset.stop_condition_checked = True
-        if loader.dataset.steps_per_epoch is None and trainer.max_steps == -1 and not _has_step_limit(trainer):
-            warnings.warn(
-                "RLDataModule(steps_per_epoch=None) makes one endless epoch and this Trainer has no max_steps and "
-                "no EnvStepLimit callback: training will not stop by itself. Set Trainer(max_steps=...) or "
-                "steps_per_epoch.",
-                UserWarning,
-                stacklevel=2,
-            )
-
-    def train_dataloader(self) -> PipelineLoader:
-        if self._loader is None:
-            self._loader = to_dataloader(self.pipeline, self.steps_per_epoch, as_tuple=self.as_tuple)
-        return self._loader
-
-    def val_dataloader(self) -> Any:
-        return self._evaluation_loader()
-
-    def test_dataloader(self) -> Any:
-        return self._evaluation_loader()
-
-    def _evaluation_loader(self) -> Any:
-        if self.eval_env is None:
-            return []  # no evaluation configured: Lightning runs no validation
-        return evaluation_dataloader(self.eval_env, self.eval_agent, self.eval_episodes, self.eval_seed)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}  # the state is saved by PipelineCheckpoint, under a key that does not depend on this class
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if "pipeline" in state_dict:  # a checkpoint written before PipelineCheckpoint existed
-            load_pipeline_state_dict(self.pipeline, state_dict["pipeline"])
-
-
-def _has_step_limit(trainer: Any) -> bool:
-    from ptl_rl.callbacks import EnvStepLimit  # noqa: PLC0415 - callbacks import this module
-
-    return any(isinstance(c, EnvStepLimit) for c in trainer.callbacks)
-
-
-# ---------------------------------------------------------------------------- validation
-class EvaluationMixin:
-    """A ready ``validation_step``/``test_step`` for :func:`~ptl_rl.evaluation.evaluation_dataloader` batches.
-
-    Put it before ``LightningModule`` in the bases:
-    ``class MyDQN(ptl_rl.EvaluationMixin, L.LightningModule)``. Each evaluation
-    batch holds ``episode_return`` and ``episode_length`` (float32 [episodes]);
-    the mixin logs their means as ``eval/return_mean`` and ``eval/length_mean``
-    (averaged over ranks under DDP), which ``EarlyStopping(monitor=...)`` and
-    ``ModelCheckpoint(monitor=...)`` can watch.
-    """
-
-    eval_metric_prefix = "eval"
-
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self._log_evaluation(batch)
-
-    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self._log_evaluation(batch)
-
-    def _log_evaluation(self, batch: dict[str, torch.Tensor]) -> None:
-        size = len(batch["episode_return"])
-        prefix = self.eval_metric_prefix
-        self.log(
-            f"{prefix}/return_mean",
-            batch["episode_return"].float().mean(),
-            batch_size=size,
-            sync_dist=True,
-            prog_bar=True,
-        )  # type: ignore[attr-defined]
-        self.log(f"{prefix}/length_mean", batch["episode_length"].float().mean(), batch_size=size, sync_dist=True)  # type: ignore[attr-defined]
