@@ -155,7 +155,7 @@ def _resolve_by_suffix(app, env, node, contnode):  # noqa: ANN001, ANN201 - Sphi
     for start in range(1, len(parts)):
         if not parts[start - 1].islower():
             break  # drop module names only: "ptl_rl.x.Unknown.state_dict" must not become "state_dict"
-        for prefix in ("ptl_rl.", "ptl_rl.buffers.", "ptl_rl.distributed."):
+        for prefix in ("ptl_rl.", "ptl_rl.buffers.", "ptl_rl.distributed.", "ptl_rl.protocols."):
             entry = objects.get(prefix + ".".join(parts[start:]))
             if entry is not None:
                 return make_refnode(app.builder, node["refdoc"], entry.docname, entry.node_id, contnode)

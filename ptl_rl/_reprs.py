@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ptl_rl.protocols import Stage
+
 CHAIN_ARROW = " <- "
 
 
@@ -27,7 +29,7 @@ def stage_repr(stage: Any, *positional: Any, **counters: Any) -> str:
     parts = [_format(value) for value in positional]
     parts += [f"{key}={_format(value)}" for key, value in counters.items()]
     own = f"{type(stage).__name__}({', '.join(parts)})"
-    upstream = getattr(stage, "upstream", None)
+    upstream = stage.upstream if isinstance(stage, Stage) else None
     return own if upstream is None else own + CHAIN_ARROW + _upstream_repr(upstream)
 
 
@@ -40,9 +42,14 @@ def env_name(env: Any) -> str:
 
 
 def _upstream_repr(upstream: Any) -> str:
-    # a plain iterator (generator, list iterator) has only a default repr with its address: name its type
+    # a plain iterator (generator, list iterator) or a user's stage without __repr__ has only a default repr with
+    # its address: name its type, and go on up the chain from a stage
     text = repr(upstream)
-    return type(upstream).__name__ if text.startswith("<") else text
+    if not text.startswith("<"):
+        return text
+    further = upstream.upstream if isinstance(upstream, Stage) else None
+    name = type(upstream).__name__
+    return name if further is None else name + CHAIN_ARROW + _upstream_repr(further)
 
 
 def _format(value: Any) -> str:

@@ -44,6 +44,7 @@ from torch import nn
 from ptl_rl._reprs import stage_repr
 from ptl_rl._state import check_version, versioned
 from ptl_rl.batch import TorchBatch, TransitionBatch
+from ptl_rl.protocols import NumberedStream, PerEnvStream
 from ptl_rl.running_stats import Moments, RunningStatistics
 from ptl_rl.stages import pipeline_stages
 
@@ -286,8 +287,12 @@ class NormalizationModule(nn.Module):
         return out if self.clip is None else out.clamp(-self.clip, self.clip)
 
 
+def _one_row_per_env(stage: Any) -> bool:
+    return isinstance(stage, PerEnvStream) and bool(stage.one_row_per_env)
+
+
 def _check_per_step_upstream(upstream: Any, stage: str) -> None:
-    if not getattr(upstream, "one_row_per_env", False):
+    if not _one_row_per_env(upstream):
         raise ValueError(
             f"{stage} must see one step of each env per batch, in order: put it right after the ExperienceSource "
             f"(before NStepTransform and any buffer, and with the source's steps_per_batch=1), not after "
@@ -313,7 +318,7 @@ def _find_source_with_hook(upstream: Any) -> Any:
     for stage in reversed(pipeline_stages(upstream)):
         if hasattr(stage, "observation_transform"):
             return stage
-        if not getattr(stage, "one_row_per_env", False):
+        if not _one_row_per_env(stage):
             break
     raise ValueError(
         "NormalizeObservations must follow an ExperienceSource (directly, or through other per-step stages such "
@@ -332,6 +337,7 @@ class _PerStepStage:
         self.upstream = upstream
         self.stream_seq = 0  # number of the last batch yielded; skips one where the env streams were cut
         self._upstream_seq: int | None = None
+        self._upstream_numbered = isinstance(upstream, NumberedStream)  # its stream_seq is read at every pull
         self._in_next = False  # set while __next__ runs: still set on entry means the last call was interrupted
 
     @property
@@ -349,7 +355,7 @@ class _PerStepStage:
         cut = self._in_next
         self._in_next = True
         batch = next(self.upstream)
-        seq = getattr(self.upstream, "stream_seq", None)
+        seq = self.upstream.stream_seq if self._upstream_numbered else None
         gap = seq is not None and self._upstream_seq is not None and seq != self._upstream_seq + 1
         out = self._transform(batch, cut or gap)
         self._upstream_seq = seq

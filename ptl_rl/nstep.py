@@ -37,6 +37,7 @@ from ptl_rl._state import check_version, versioned
 from ptl_rl._trees import tree_assign, tree_map, tree_take
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
+from ptl_rl.protocols import NumberedStream, PerEnvStream
 
 # Fields that describe the end of a step rather than its start: they are not kept in the window.
 _STEP_END_FIELDS = ("next_obs", "terminated", "truncated", "discount", "env_id")
@@ -123,7 +124,8 @@ class NStepTransform:
             raise ValueError(f"gamma must be in (0, 1], got {gamma}")
         self.upstream = upstream
         # an ExperienceSource yields at most one row per env and batch: no need to check each batch
-        self._upstream_one_row_per_env = bool(getattr(upstream, "one_row_per_env", False))
+        self._upstream_one_row_per_env = isinstance(upstream, PerEnvStream) and bool(upstream.one_row_per_env)
+        self._upstream_numbered = isinstance(upstream, NumberedStream)  # its stream_seq is read at every pull
         self.n = int(n)
         self.gamma = float(gamma)
         k = np.arange(self.n)
@@ -184,7 +186,7 @@ class NStepTransform:
         self._in_next = True
         while True:
             batch = next(self.upstream)
-            seq = getattr(self.upstream, "stream_seq", None)
+            seq = self.upstream.stream_seq if self._upstream_numbered else None
             # a skipped number: steps between the last batch folded and this one never reached us
             gap = seq is not None and self._upstream_seq is not None and seq != self._upstream_seq + 1
             cut = cut or gap or self._in_fold or self._flush_on_next

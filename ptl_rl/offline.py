@@ -40,6 +40,7 @@ from ptl_rl._grouping import rank_within_group
 from ptl_rl._reprs import stage_repr
 from ptl_rl._trees import tree_assign, tree_leaves, tree_map, tree_take
 from ptl_rl.batch import TransitionBatch
+from ptl_rl.protocols import NumberedStream, PerEnvStream
 from ptl_rl.ranks import distributed_rank, rank_seed
 
 __all__ = ["MinariRecorder", "MinariSource", "minari_replay_buffer", "open_minari_dataset"]
@@ -291,6 +292,7 @@ class MinariSource:
     is read as truncated there), ``discount`` float32 [B] = gamma, ``env_id`` int64 [B].
     """
 
+    upstream = None  # a source: it pulls from no stage (ptl_rl.protocols.Stage)
     one_row_per_env = True  # each yielded batch holds at most one transition per lane
 
     def __init__(
@@ -663,7 +665,8 @@ class MinariRecorder:
         if flush_every < 1:
             raise ValueError(f"flush_every must be >= 1, got {flush_every}")
         self.upstream = upstream
-        self.one_row_per_env = bool(getattr(upstream, "one_row_per_env", False))
+        self.one_row_per_env = isinstance(upstream, PerEnvStream) and bool(upstream.one_row_per_env)
+        self._upstream_numbered = isinstance(upstream, NumberedStream)  # its stream_seq is read at every pull
         self.dataset_id = str(dataset_id)
         self.partial_episodes = partial_episodes
         self.flush_every = int(flush_every)
@@ -723,7 +726,7 @@ class MinariRecorder:
         if self.upstream is None:
             raise TypeError("this MinariRecorder has no upstream; call record(batch) instead")
         batch = next(self.upstream)
-        seq = getattr(self.upstream, "stream_seq", None)
+        seq = self.upstream.stream_seq if self._upstream_numbered else None
         # a skipped number: the envs' streams were cut (a resync after a crash or interrupt, a restore) or
         # someone else pulled batches (a peek); the running episodes cannot be continued by this batch
         if seq is not None and self._upstream_seq is not None and seq != self._upstream_seq + 1:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch.distributed as dist
 
+from ptl_rl.protocols import RankAware
 from ptl_rl.stages import pipeline_stages
 
 
@@ -36,8 +37,7 @@ def distributed_rank() -> tuple[int, int]:
 
 
 def assign_rank(pipeline: Any, rank: int) -> None:
-    """Give every stage of ``pipeline`` (and the source's agent) its rank, via their ``set_rank`` methods."""
+    """Give every :class:`~ptl_rl.protocols.RankAware` stage of ``pipeline`` (and the source's agent) its rank."""
     for stage in pipeline_stages(pipeline):
-        set_rank = getattr(stage, "set_rank", None)
-        if callable(set_rank):
-            set_rank(rank)
+        if isinstance(stage, RankAware):
+            stage.set_rank(rank)

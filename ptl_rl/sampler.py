@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from ptl_rl._reprs import stage_repr
 from ptl_rl._state import check_version, versioned
-from ptl_rl.batch import TorchBatch, TransitionBatch
+from ptl_rl.batch import TorchBatch
 from ptl_rl.buffers import ReplayBuffer, RolloutBuffer, SequenceReplayBuffer
 from ptl_rl.nstep import NStepTransform
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
+from ptl_rl.protocols import Sampleable
 from ptl_rl.source import ExperienceSource
-
-
-class Sampleable(Protocol):
-    """Anything with ``sample(batch_size) -> TransitionBatch`` (a replay buffer)."""
-
-    def sample(self, batch_size: int) -> TransitionBatch: ...
 
 
 class BatchSampler:
@@ -98,9 +93,12 @@ class BatchSampler:
     def __next__(self) -> TorchBatch:
         start = perf_counter_ns()
         source = self.upstream if self._standalone else next(self.upstream)
-        sample = getattr(source, "sample", None)
-        if sample is None:  # a plain iterator whose items are not buffers (checked here, it is only known now)
-            raise TypeError(_nothing_to_sample(f"its upstream yielded a {type(source).__name__}", self.batch_size))
+        try:  # a Sampleable; checked here, as what a plain iterator yields is only known now
+            sample = source.sample
+        except AttributeError:
+            raise TypeError(
+                _nothing_to_sample(f"its upstream yielded a {type(source).__name__}", self.batch_size)
+            ) from None
         if not SWITCH.on:
             return sample(self.batch_size).to_torch(self.device, pin_memory=self.pin_memory)
         t0 = perf_counter_ns()

@@ -40,6 +40,7 @@ from ptl_rl._trees import to_numpy, tree_leaves, tree_map
 from ptl_rl.batch import CORE_FIELDS, TransitionBatch
 from ptl_rl.envpool import as_vector_env, check_autoreset_mode
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
+from ptl_rl.protocols import EnvStepAware, RankAware, RecurrentAgent, Stateful
 
 NEXT_STEP, SAME_STEP, DISABLED = "NextStep", "SameStep", "Disabled"
 _AUTORESET_MODES = (NEXT_STEP, SAME_STEP, DISABLED)
@@ -53,6 +54,14 @@ class Episode(NamedTuple):
     length: int
     env_id: int
     total_steps: int
+
+
+def _saves_agent_state(agent: Any) -> bool:
+    """Whether the source checkpoints ``agent``'s state: a Stateful agent, except a torch module.
+
+    A module's ``state_dict`` is its weights, which live in the LightningModule's own checkpoint.
+    """
+    return isinstance(agent, Stateful) and not hasattr(agent, "parameters")
 
 
 def _is_vector_env(env: Any) -> bool:
@@ -206,6 +215,7 @@ class ExperienceSource:
         [(1, 10.0, 10), (0, 11.0, 11), (1, 9.0, 9), (0, 9.0, 9), (1, 9.0, 9), (0, 9.0, 9)]
     """
 
+    upstream = None  # a source pulls from no stage (ptl_rl.protocols.Stage)
     one_row_per_env = True  # each yielded batch holds at most one transition per sub-env
 
     stream_seq: int
@@ -266,8 +276,9 @@ class ExperienceSource:
         # what the agent is shown instead of the env's observations (NormalizeObservations sets it); batches keep
         # the env's own: a stage downstream decides what it yields
         self.observation_transform: Callable[[Any], Any] | None = None
-        self._agent_reset_state = getattr(agent, "reset_state", None)
-        self._agent_on_env_steps = getattr(agent, "on_env_steps", None)
+        # the agent's optional hooks (ptl_rl.protocols), looked up once
+        self._agent_reset_state = agent.reset_state if isinstance(agent, RecurrentAgent) else None
+        self._agent_on_env_steps = agent.on_env_steps if isinstance(agent, EnvStepAware) else None
 
         n = self.num_envs
         self._set_env_ids()
@@ -355,9 +366,8 @@ class ExperienceSource:
             )
         self.rank = int(rank)
         self._set_env_ids()
-        agent_set_rank = getattr(self.agent, "set_rank", None)
-        if callable(agent_set_rank):
-            agent_set_rank(self.rank)
+        if isinstance(self.agent, RankAware):
+            self.agent.set_rank(self.rank)
 
     def _set_env_ids(self) -> None:
         # shared by every batch, so read-only: a consumer that writes to one fails loudly
@@ -408,11 +418,8 @@ class ExperienceSource:
             "reset_count": self._reset_count,
             "recent": [[e.ret, e.length, e.env_id, e.total_steps] for e in self._recent],
         }
-        agent_state_dict = getattr(self.agent, "state_dict", None)
-        if callable(agent_state_dict) and not hasattr(
-            self.agent, "parameters"
-        ):  # an nn.Module's weights live in the LightningModule
-            state["agent"] = agent_state_dict()
+        if _saves_agent_state(self.agent):
+            state["agent"] = self.agent.state_dict()
         return versioned(state, self.STATE_VERSION)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

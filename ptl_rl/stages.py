@@ -1,8 +1,14 @@
-"""Walking a pipeline: its stages in order, one stage by type, and the state of them all."""
+"""Walking a pipeline: its stages in order, one stage by type, and the state of them all.
+
+A stage is recognised by the protocols of :mod:`ptl_rl.protocols` alone, so a
+stage of your own is walked, checkpointed and found like ptl_rl's.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+from ptl_rl.protocols import EpisodeCounter, ReplayStage, Stage, Stateful
 
 PIPELINE_STATE_VERSION = 1
 
@@ -10,14 +16,17 @@ PIPELINE_STATE_VERSION = 1
 def pipeline_stages(last: Any) -> list[Any]:
     """The stages of a pipeline, source first, found by following ``.upstream`` from ``last``.
 
-    ``last`` may also be a DataLoader made by :func:`~ptl_rl.lightning.to_dataloader`.
+    Every :class:`~ptl_rl.protocols.Stage` is followed to its ``upstream``; an
+    upstream that is a plain iterator (a generator) ends the walk, as its
+    first element. ``last`` may also be a DataLoader made by
+    :func:`~ptl_rl.lightning.to_dataloader`.
     """
-    last = getattr(getattr(last, "dataset", None), "pipeline", last)
+    last = getattr(getattr(last, "dataset", None), "pipeline", last)  # the loader's PipelineDataset
     stages = []
     stage = last
     while stage is not None:
         stages.append(stage)
-        stage = getattr(stage, "upstream", None)
+        stage = stage.upstream if isinstance(stage, Stage) else None
     return stages[::-1]
 
 
@@ -29,18 +38,15 @@ def find_stage(last: Any, kind: type) -> Any:
     raise ValueError(f"the pipeline {[type(s).__name__ for s in pipeline_stages(last)]} has no {kind.__name__}")
 
 
-EPISODE_INTERFACE = ("total_steps", "episodes_finished", "recent_episodes", "pop_episodes", "episode_stats")
-
-
-def find_episode_source(last: Any) -> Any:
+def find_episode_source(last: Any) -> EpisodeCounter:
     """The first stage that counts env steps and episodes: an ExperienceSource, or a stage standing in for one.
 
     An :class:`~ptl_rl.distributed.AsyncSource` or a Ray worker stage collects
     elsewhere and keeps the learner's copy of those counters under the same
-    names (:data:`EPISODE_INTERFACE`), so the episode callbacks work on it too.
+    names (:class:`~ptl_rl.protocols.EpisodeCounter`), so the episode callbacks work on it too.
     """
     for stage in pipeline_stages(last):
-        if all(hasattr(stage, name) for name in EPISODE_INTERFACE):
+        if isinstance(stage, EpisodeCounter):
             return stage
     raise ValueError(
         f"the pipeline {[type(s).__name__ for s in pipeline_stages(last)]} has no ExperienceSource "
@@ -49,20 +55,20 @@ def find_episode_source(last: Any) -> Any:
 
 
 def holds_replay(stage: Any) -> bool:
-    """Whether ``stage`` stores replay contents (a replay buffer's ``storage``)."""
-    return hasattr(stage, "storage")
+    """Whether ``stage`` stores replay contents (a :class:`~ptl_rl.protocols.ReplayStage`: a replay buffer)."""
+    return isinstance(stage, ReplayStage)
 
 
 def _stateful_stages(last: Any, include_replay: bool) -> dict[str, Any]:
     return {
         f"{i}:{type(stage).__name__}": stage
         for i, stage in enumerate(pipeline_stages(last))
-        if hasattr(stage, "state_dict") and (include_replay or not holds_replay(stage))
+        if isinstance(stage, Stateful) and (include_replay or not holds_replay(stage))
     }
 
 
 def pipeline_state_dict(last: Any, include_replay: bool = True) -> dict[str, Any]:
-    """State of every stage that has ``state_dict``, keyed ``"<position>:<class name>"``.
+    """State of every :class:`~ptl_rl.protocols.Stateful` stage, keyed ``"<position>:<class name>"``.
 
     With ``include_replay=False`` replay buffers are left out: after a restore
     they start empty and warm up again, while the source's counters, the

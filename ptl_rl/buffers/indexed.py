@@ -191,7 +191,7 @@ class IndexedReplayBuffer(ReplayBuffer):
 
     def _draw(self, batch_size: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Slots drawn by the strategy, redrawn where the storage cannot serve them yet, and their weights."""
-        sampleable = self._sampleable if hasattr(self.storage, "sampleable") else None
+        sampleable = self._sampleable if self._partly_sampleable else None
         return self.draws.draw(self.rng, batch_size, sampleable)
 
     def _sampleable(self, indices: np.ndarray) -> np.ndarray:

@@ -14,6 +14,15 @@ from ptl_rl.buffers.frames import redraw_unsampleable
 from ptl_rl.buffers.shuffle import ShuffledPasses
 from ptl_rl.buffers.storage import ArrayStorage
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
+from ptl_rl.protocols import (
+    NumberedStream,
+    PartlySampleableStorage,
+    RollbackStorage,
+    Storage,
+    StreamBoundStorage,
+    implements,
+    missing_members,
+)
 from ptl_rl.ranks import rank_seed
 
 
@@ -85,10 +94,14 @@ class ReplayBuffer:
         transitions_per_yield: int = 1,
         seed: int | None = None,
         replacement: bool = True,
-        storage: Callable[[int], Any] | None = None,
+        storage: Callable[[int], Storage] | None = None,
     ) -> None:
-        self.storage = ArrayStorage(capacity) if storage is None else storage(capacity)
-        if hasattr(self.storage, "bind_upstream"):
+        self.storage: Storage = ArrayStorage(capacity) if storage is None else _checked_storage(storage(capacity))
+        # what the storage can do beyond the Storage protocol, looked up once (ptl_rl.protocols)
+        self._stream_bound = isinstance(self.storage, StreamBoundStorage)
+        self._partly_sampleable = isinstance(self.storage, PartlySampleableStorage)
+        self._upstream_numbered = isinstance(upstream, NumberedStream)  # its stream_seq is read at every pull
+        if self._stream_bound:
             self.storage.bind_upstream(upstream)
         if warmup is None:
             warmup = min(1_000, self.storage.capacity)
@@ -154,9 +167,8 @@ class ReplayBuffer:
     def _pull(self) -> np.ndarray:
         """Add the upstream's next batch; returns its slots."""
         batch = next(self.upstream)
-        note = getattr(self.storage, "note_stream_seq", None)
-        if note is not None:  # (the number as of the pull: an interrupted add is redone after the next pull)
-            note(batch, getattr(self.upstream, "stream_seq", None))
+        if self._stream_bound:  # (the number as of the pull: an interrupted add is redone after the next pull)
+            self.storage.note_stream_seq(batch, self._upstream_stream_seq())
         if not SWITCH.on:
             return self._add_pulled(batch)
         # timed here, not in add(): a standalone add() (offline filling, the add benchmark) pays nothing for it
@@ -164,6 +176,10 @@ class ReplayBuffer:
         slots = self._add_pulled(batch)
         self._insert_clock.add(perf_counter_ns() - start, len(slots))
         return slots
+
+    def _upstream_stream_seq(self) -> int | None:
+        """The upstream's :class:`~ptl_rl.protocols.NumberedStream` number of its last batch (``None``: unnumbered)."""
+        return self.upstream.stream_seq if self._upstream_numbered else None
 
     def _add_pulled(self, batch: TransitionBatch) -> np.ndarray:
         """Add a batch pulled from upstream (a hook for buffers that watch the upstream's stream)."""
@@ -232,14 +248,14 @@ class ReplayBuffer:
         if not self.replacement:
             return self.storage.gather(self._only_sampleable(self.passes.next(batch_size, len(self.storage), self.rng)))
         indices = self.rng.integers(0, len(self.storage), batch_size)
-        if hasattr(self.storage, "sampleable"):
+        if self._partly_sampleable:
             draw = lambda count: (self.rng.integers(0, len(self.storage), count),)  # noqa: E731
             (indices,) = redraw_unsampleable(self.storage.sampleable, (indices,), draw)
         return self.storage.gather(indices)
 
     def _only_sampleable(self, indices: np.ndarray) -> np.ndarray:
         """``indices`` without the slots the storage cannot sample yet (all of them for an ArrayStorage)."""
-        if not hasattr(self.storage, "sampleable"):
+        if not self._partly_sampleable:
             return indices
         return indices[self.storage.sampleable(indices)]
 
@@ -299,19 +315,31 @@ class ReplayBuffer:
 def storage_snapshot(storage: Any) -> Any:
     """What an add may change in ``storage`` and an interrupted add must roll back, taken before the add.
 
-    A storage with ``snapshot()`` (a :class:`~ptl_rl.buffers.FrameStorage`: its
-    counters and per-env bookkeeping) gives its own; for any other (an
+    A :class:`~ptl_rl.protocols.RollbackStorage` (a :class:`~ptl_rl.buffers.FrameStorage`:
+    its counters and per-env bookkeeping) gives its own; for any other (an
     :class:`~ptl_rl.buffers.ArrayStorage`, whose rows are rewritten in full) the
     three counters suffice.
     """
-    if hasattr(storage, "snapshot"):
+    if implements(storage, RollbackStorage):
         return storage.snapshot()
     return (storage.cursor, storage.size, storage.total_added)
 
 
 def restore_storage(storage: Any, snapshot: Any) -> None:
     """Roll ``storage`` back to ``snapshot`` (from :func:`storage_snapshot`) before writing the same batch again."""
-    if hasattr(storage, "restore"):
+    if implements(storage, RollbackStorage):
         storage.restore(snapshot)
     else:
         storage.cursor, storage.size, storage.total_added = snapshot
+
+
+def _checked_storage(storage: Any) -> Storage:
+    """``storage`` if it has every member of the :class:`~ptl_rl.protocols.Storage` protocol; else a TypeError."""
+    if not isinstance(storage, Storage):
+        raise TypeError(
+            f"the storage factory returned a {type(storage).__name__}, which lacks "
+            f"{', '.join(missing_members(storage, Storage))} of the "
+            "ptl_rl.protocols.Storage protocol; pass storage=lambda capacity: MyStorage(capacity) with a class "
+            "that has them all (see the protocol's documentation)"
+        )
+    return storage

@@ -57,6 +57,7 @@ from ptl_rl._state import check_version, versioned
 from ptl_rl._trees import tree_map
 from ptl_rl.batch import TorchBatch, TransitionBatch
 from ptl_rl.gae import compute_gae
+from ptl_rl.protocols import Critic
 from ptl_rl.stages import pipeline_stages
 
 ValueFn = Callable[[Any], np.ndarray]
@@ -66,12 +67,13 @@ _NORMALIZE = ("minibatch", "rollout", None)
 def _find_value_fn(upstream: Any) -> ValueFn | None:
     """The critic of the nearest stage upstream whose agent has one: its public ``agent.value(obs)`` method.
 
-    An agent with a ``value(obs) -> float [B]`` method is a critic (ActorCriticAgent is one).
+    An agent with a ``value(obs) -> float [B]`` method is a :class:`~ptl_rl.protocols.Critic`
+    (ActorCriticAgent is one).
     """
     for stage in reversed(pipeline_stages(upstream)):
-        value = getattr(getattr(stage, "agent", None), "value", None)
-        if callable(value):
-            return value
+        agent = getattr(stage, "agent", None)  # a source's (other stages have none)
+        if isinstance(agent, Critic):
+            return agent.value
     return None
 
 

@@ -159,7 +159,7 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
     # ------------------------------------------------------------------ adding
     def _add_pulled(self, batch: TransitionBatch) -> np.ndarray:
         """Add a batch pulled from upstream, first ending every episode if the upstream's streams were cut."""
-        seq = getattr(self.upstream, "stream_seq", None)
+        seq = self._upstream_stream_seq()
         if seq is not None and self._upstream_seq is not None and seq != self._upstream_seq + 1:
             # steps are missing between the last batch added and this one (the source reset its envs
             # after an interrupt or a crash, or someone pulled batches in between): no window may span them

@@ -280,6 +280,7 @@ class RemoteEpisodes:
     """
 
     counters: EpisodeCounters
+    upstream = None  # a source stage: it pulls from no stage (ptl_rl.protocols.Stage)
 
     @property
     def total_steps(self) -> int:

@@ -17,6 +17,7 @@ from ptl_rl.batch import TransitionBatch
 from ptl_rl.lightning.checkpoint import is_checkpointed, note_checkpointed
 from ptl_rl.lightning.stops import stop_known
 from ptl_rl.nstep import NStepTransform
+from ptl_rl.protocols import OnPolicyStage
 from ptl_rl.ranks import assign_rank, distributed_rank
 from ptl_rl.source import ExperienceSource
 from ptl_rl.stages import holds_replay
@@ -331,9 +332,9 @@ def to_dataloader(
 
 def _rollout_groups(pipeline: Any, batches_per_step: int) -> int | None:
     """Loader items per rollout of an on-policy stage (``None`` for others): one Lightning epoch per rollout."""
-    per_rollout = getattr(pipeline, "batches_per_rollout", None)
-    if per_rollout is None:
+    if not isinstance(pipeline, OnPolicyStage):
         return None
+    per_rollout = pipeline.batches_per_rollout
     if per_rollout % batches_per_step:
         raise ValueError(
             f"batches_per_step={batches_per_step} does not divide the {per_rollout} batches of a rollout: a group "

@@ -19,8 +19,8 @@ from ptl_rl.evaluation import evaluate
 from ptl_rl.lightning.stops import EnvStepLimit, PipelineCallback, global_env_steps
 from ptl_rl.normalization import sync_statistics
 from ptl_rl.profiling import PipelineProfile, profile
+from ptl_rl.protocols import EpisodeCounter
 from ptl_rl.ranks import rank_seed
-from ptl_rl.source import ExperienceSource
 from ptl_rl.stages import find_episode_source
 
 __all__ = ["EnvStepLimit", "EpisodeStatsLogger", "NormalizationSync", "PeriodicEvaluation", "PipelineProfiler"]
@@ -47,7 +47,7 @@ class EpisodeStatsLogger(PipelineCallback):
         super().__init__()
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
-        self.source: ExperienceSource = find_episode_source(pipeline)
+        self.source: EpisodeCounter = find_episode_source(pipeline)
         self.pipeline = pipeline
         self.every_n_steps = int(every_n_steps)
         self.prog_bar = prog_bar
@@ -142,7 +142,7 @@ class PeriodicEvaluation(PipelineCallback):
         seed: int | None = None,
     ) -> None:
         super().__init__()
-        self.source: ExperienceSource = find_episode_source(pipeline)
+        self.source: EpisodeCounter = find_episode_source(pipeline)
         self.pipeline = pipeline
         self.env, self.make_agent = env, make_agent
         self.every, self.episodes, self.stop_at_return, self.seed = int(every_env_steps), episodes, stop_at_return, seed

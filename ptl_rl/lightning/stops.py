@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ptl_rl.lightning._compat import Callback
-from ptl_rl.source import ExperienceSource
+from ptl_rl.protocols import EpisodeCounter
 from ptl_rl.stages import find_episode_source, pipeline_stages
 
 __all__ = ["EnvStepLimit", "PipelineCallback", "note_trainer_limits", "stop_known", "trainer_has_step_limit"]
@@ -52,7 +52,7 @@ class PipelineCallback(Callback):
         note_trainer_limits(trainer, self.pipeline)
 
 
-def global_env_steps(trainer: Any, source: ExperienceSource) -> int:
+def global_env_steps(trainer: Any, source: EpisodeCounter) -> int:
     """Env steps taken by the sources of all ranks together (one all-reduce under DDP)."""
     if trainer.world_size == 1:
         return source.total_steps
@@ -69,7 +69,7 @@ class EnvStepLimit(PipelineCallback):
 
     def __init__(self, pipeline: Any, max_env_steps: int) -> None:
         super().__init__()
-        self.source: ExperienceSource = find_episode_source(pipeline)
+        self.source: EpisodeCounter = find_episode_source(pipeline)
         self.pipeline = pipeline
         self.max_env_steps = int(max_env_steps)
 

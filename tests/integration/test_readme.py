@@ -54,6 +54,15 @@ def test_the_readme_pipeline_example_runs() -> None:
     assert namespace["loader"] is not None
 
 
+def test_the_readme_user_stage_example_runs() -> None:
+    namespace: dict = {}
+    exec(compile(readme_code_block("Your own stages, storages and agents"), "README.rst", "exec"), namespace)  # noqa: S102
+    clip, sampler = namespace["clip"], namespace["sampler"]
+    assert clip.clipped == namespace["source"].total_steps >= 256  # CartPole's every reward of 1.0 was clipped
+    assert next(sampler).reward.max().item() <= 0.5 * (1 + 0.99 + 0.99**2) + 1e-6
+    assert " <- ClipRewards <- ExperienceSource(" in repr(sampler)
+
+
 def test_the_readme_lightning_project_example_runs(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)  # the Trainer writes its logs and checkpoints here
     namespace: dict = {}

@@ -1,8 +1,9 @@
 """No import cycle inside ``ptl_rl``: its modules form layers, each importing only the ones below it.
 
-The graph is read from the source with ``ast``, not by importing: every ``import`` statement counts, also one inside
-a function (a lazy import that papers over a cycle) or under ``if TYPE_CHECKING:``. Importing ``a.b.c`` from outside
-the package ``a.b`` also runs ``a/b/__init__.py``, so that package is an edge too.
+The graph is read from the source with ``ast``, not by importing: every ``import`` statement that can run counts,
+also one inside a function (a lazy import that papers over a cycle). Imports under ``if TYPE_CHECKING:`` never run
+and only name types for annotations (type checkers resolve cycles among those), so they are left out. Importing
+``a.b.c`` from outside the package ``a.b`` also runs ``a/b/__init__.py``, so that package is an edge too.
 """
 
 from __future__ import annotations
@@ -49,6 +50,28 @@ def _targets(node: ast.Import | ast.ImportFrom, importer: str, is_package: bool,
     return found
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    """``TYPE_CHECKING`` or ``typing.TYPE_CHECKING``."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``tree`` at any depth, except those only under ``if TYPE_CHECKING:``."""
+    found = []
+    pending = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            pending.extend(node.orelse)  # the body never runs; an else branch does
+            continue
+        pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
 def import_graph(root: Path, package: str) -> dict[str, set[str]]:
     """Module -> the modules of ``package`` it imports anywhere in its source (functions included)."""
     modules = module_files(root, package)
@@ -56,12 +79,11 @@ def import_graph(root: Path, package: str) -> dict[str, set[str]]:
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
         edges: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                for target in _targets(node, name, is_package, root, package):
-                    # the packages above a module run first, except those the importer is already inside
-                    above = [p for p in _ancestors(target) if p != name and p not in _ancestors(name)]
-                    edges.update(m for m in (*above, target) if m in modules and m != name)
+        for node in runtime_imports(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            for target in _targets(node, name, is_package, root, package):
+                # the packages above a module run first, except those the importer is already inside
+                above = [p for p in _ancestors(target) if p != name and p not in _ancestors(name)]
+                edges.update(m for m in (*above, target) if m in modules and m != name)
         graph[name] = edges
     return graph
 
@@ -149,3 +171,11 @@ def test_a_package_importing_its_own_modules_is_no_cycle(tmp_path):
     graph = import_graph(root, "pkg")
     assert graph["pkg.sub"] == {"pkg.sub.one", "pkg.sub.two"} and graph["pkg.sub.two"] == {"pkg.sub.one"}
     assert find_cycle(graph) is None
+
+
+def test_imports_for_annotations_only_are_no_cycle_but_the_same_import_in_a_function_is(tmp_path):
+    typing_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import A\n"
+    root = _write(tmp_path, {"__init__.py": "", "a.py": "import pkg.b\nclass A: ...\n", "b.py": typing_only})
+    assert find_cycle(import_graph(root, "pkg")) is None
+    (root / "b.py").write_text(typing_only + "def f():\n    from pkg.a import A\n    return A\n")
+    assert find_cycle(import_graph(root, "pkg")) == ["pkg.a", "pkg.b", "pkg.a"]
