@@ -31,6 +31,7 @@ _PUBLIC_API: dict[str, str] = {
     "TransitionBatch": "ptl_rl.batch",
     "ArrayStorage": "ptl_rl.buffers",
     "FrameStorage": "ptl_rl.buffers",
+    "HERReplayBuffer": "ptl_rl.buffers",
     "MemmapStorage": "ptl_rl.buffers",
     "PrioritizedReplayBuffer": "ptl_rl.buffers",
     "ReplayBuffer": "ptl_rl.buffers",
@@ -105,6 +106,7 @@ __all__ = [
     "EvaluationMixin",
     "ExperienceSource",
     "FrameStorage",
+    "HERReplayBuffer",
     "LinearSchedule",
     "MemmapStorage",
     "MinariRecorder",
@@ -167,6 +169,7 @@ if TYPE_CHECKING:
     from ptl_rl.buffers import (
         ArrayStorage,
         FrameStorage,
+        HERReplayBuffer,
         MemmapStorage,
         PrioritizedReplayBuffer,
         ReplayBuffer,
