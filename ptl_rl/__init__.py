@@ -33,6 +33,7 @@ _PUBLIC_API: dict[str, str] = {
     "TransitionBatch": "ptl_rl.batch",
     "ArrayStorage": "ptl_rl.buffers",
     "FrameStorage": "ptl_rl.buffers",
+    "HERReplayBuffer": "ptl_rl.buffers",
     "MemmapStorage": "ptl_rl.buffers",
     "PrioritizedReplayBuffer": "ptl_rl.buffers",
     "ReplayBuffer": "ptl_rl.buffers",
@@ -112,6 +113,7 @@ __all__ = [
     "EvaluationVideo",
     "ExperienceSource",
     "FrameStorage",
+    "HERReplayBuffer",
     "LinearSchedule",
     "MemmapStorage",
     "MinariRecorder",
@@ -180,6 +182,7 @@ if TYPE_CHECKING:
     from ptl_rl.buffers import (
         ArrayStorage,
         FrameStorage,
+        HERReplayBuffer,
         MemmapStorage,
         PrioritizedReplayBuffer,
         ReplayBuffer,

@@ -1,7 +1,9 @@
 """Replay storage and buffers."""
 
 from ptl_rl.buffers.draws import PriorityDraws, SlotDraws
+from ptl_rl.buffers.episodes import EpisodeIndex
 from ptl_rl.buffers.frames import FrameStorage
+from ptl_rl.buffers.her import HERReplayBuffer
 from ptl_rl.buffers.indexed import IndexedReplayBuffer
 from ptl_rl.buffers.memmap import MemmapStorage
 from ptl_rl.buffers.persist import load_buffer, save_buffer
@@ -15,7 +17,9 @@ from ptl_rl.buffers.sumtree import SumTree
 
 __all__ = [
     "ArrayStorage",
+    "EpisodeIndex",
     "FrameStorage",
+    "HERReplayBuffer",
     "IndexedReplayBuffer",
     "MemmapStorage",
     "PriorityDraws",

@@ -16,6 +16,7 @@ import pytest
 MODULES = [
     "ptl_rl.agents",
     "ptl_rl.batch",
+    "ptl_rl.buffers.her",
     "ptl_rl.buffers.prioritized",
     "ptl_rl.buffers.replay",
     "ptl_rl.buffers.rollout",
@@ -31,6 +32,7 @@ MODULES = [
 REQUIRED = {
     "ptl_rl.agents.DQNAgent",
     "ptl_rl.batch.TransitionBatch",
+    "ptl_rl.buffers.her.HERReplayBuffer",
     "ptl_rl.buffers.prioritized.PrioritizedReplayBuffer",
     "ptl_rl.buffers.replay.ReplayBuffer",
     "ptl_rl.buffers.rollout.RolloutBuffer",

@@ -29,6 +29,23 @@ def _rows(n: int) -> ptl_rl.TransitionBatch:
     )
 
 
+def _goal_rows(n: int) -> ptl_rl.TransitionBatch:
+    """``_rows`` with goal-env observations; every env's last row ends its episode (nothing in flight)."""
+    rows = _rows(n)
+    goals = rows["obs"].repeat(2, axis=1)
+    rows["obs"] = {"achieved_goal": goals, "desired_goal": goals + 1}
+    rows["next_obs"] = {"achieved_goal": goals + 1, "desired_goal": goals + 1}
+    rows["truncated"] = np.arange(n) >= n - 2
+    return rows
+
+
+def _her(variant: int = 0) -> ptl_rl.HERReplayBuffer:
+    reward = lambda achieved, desired, info: (achieved == desired).all(-1) - 1.0  # noqa: E731
+    buffer = ptl_rl.HERReplayBuffer(None, 16, compute_reward=reward, warmup=0, seed=variant)
+    buffer.add(_goal_rows(12 + 3 * variant))
+    return buffer
+
+
 def _filled(buffer: Any, variant: int = 0) -> Any:
     buffer.add(_rows(12 + 3 * variant))
     return buffer
@@ -86,6 +103,7 @@ STATEFUL: dict[str, Callable[..., Any]] = {
     "SequenceReplayBuffer": lambda variant=0: _filled(
         ptl_rl.SequenceReplayBuffer(None, 16, length=2, warmup=0), variant
     ),
+    "HERReplayBuffer": _her,
     "RolloutBuffer": _rollout,
     "ArrayStorage": lambda variant=0: _filled(ptl_rl.buffers.ArrayStorage(16), variant),
     "EpsilonGreedySelector": lambda variant=0: ptl_rl.EpsilonGreedySelector(0.1, seed=variant),
