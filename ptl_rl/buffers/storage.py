@@ -212,6 +212,8 @@ class ArrayStorage:
     def gather(self, indices: np.ndarray) -> TransitionBatch:
         """The transitions at ``indices`` (int [B]) as a new batch (a copy)."""
         # ndarray.take is several times faster than fancy indexing for rows of 2-D arrays
+        if self.fields is None:
+            raise ValueError("the storage holds no transitions yet: add a batch before gathering rows")
         return TransitionBatch.wrap({name: tree_take(v, indices) for name, v in self.fields.items()})
 
     # ------------------------------------------------------------------ state
