@@ -8,13 +8,18 @@ the whole package at once.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
 
+#: An array (numpy or torch) or a nested dict of them (a Dict observation). The leaves' type is left open
+#: (numpy arrays, tensors, or user extras of any kind pass through the same functions), so it is ``Any``
+#: under one name: a signature that says ``PyTree`` means "a leaf or a dict of leaves", not "unchecked".
+PyTree: TypeAlias = Any
 
-def tree_map(fn: Callable[..., Any], tree: Any, *others: Any) -> Any:
+
+def tree_map(fn: Callable[..., Any], tree: PyTree, *others: PyTree) -> PyTree:
     """Apply ``fn`` leaf-wise to ``tree`` (an array or nested dict of arrays).
 
     ``others`` must have the same dict structure; their leaves are passed as
@@ -25,7 +30,7 @@ def tree_map(fn: Callable[..., Any], tree: Any, *others: Any) -> Any:
     return fn(tree, *others)
 
 
-def tree_leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+def tree_leaves(tree: PyTree, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Yield ``(dotted_path, leaf)`` pairs of a nested dict in insertion order."""
     if isinstance(tree, Mapping):
         for k, v in tree.items():
@@ -34,14 +39,14 @@ def tree_leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, tree
 
 
-def tree_take(tree: Any, rows: np.ndarray) -> Any:
+def tree_take(tree: PyTree, rows: np.ndarray) -> PyTree:
     """The rows ``rows`` (int [R]) of every leaf [N, ...] -> [R, ...] (``ndarray.take``: a copy, faster than ``[]``)."""
     if isinstance(tree, np.ndarray):  # the common case first: no dict check on the hot path
         return tree.take(rows, axis=0)
     return {k: tree_take(v, rows) for k, v in tree.items()}
 
 
-def tree_assign(store: Any, index: Any, value: Any) -> None:
+def tree_assign(store: PyTree, index: Any, value: PyTree) -> None:
     """``store[index] = value`` leaf by leaf (``store`` and ``value`` of the same structure)."""
     if isinstance(store, dict):
         for key in store:

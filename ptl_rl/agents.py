@@ -215,8 +215,8 @@ class TargetNet(nn.Module):
             raise ValueError(f"tau must be in (0, 1], got {tau}")
         for target, source in zip(self.target.parameters(), self.model.parameters(), strict=True):
             target.lerp_(source, tau)
-        for target, source in zip(self.target.buffers(), self.model.buffers(), strict=True):
-            target.copy_(source)
+        for target_buffer, source_buffer in zip(self.target.buffers(), self.model.buffers(), strict=True):
+            target_buffer.copy_(source_buffer)
 
 
 # ---------------------------------------------------------------------- actor-critic and continuous agents

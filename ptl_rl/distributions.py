@@ -29,7 +29,7 @@ reported, and a critic ``Q(s, a)`` learns on the same scale for every env.
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -293,7 +293,7 @@ class SquashedGaussianHead(nn.Module):
         return SquashedDiagGaussian(mean, log_std)
 
 
-def action_head(space: spaces.Space, in_features: int, *, squashed: bool = False, **kwargs: float) -> nn.Module:
+def action_head(space: spaces.Space, in_features: int, *, squashed: bool = False, **kwargs: Any) -> nn.Module:
     """The policy head for ``space``: categorical, multi-categorical, or (squashed) diagonal Gaussian.
 
     ``squashed=True`` selects the tanh-squashed Gaussian for Box spaces (SAC);

@@ -35,7 +35,7 @@ before each save (see :mod:`ptl_rl.running_stats`). The decisions are in
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -271,6 +271,10 @@ class NormalizationModule(nn.Module):
     fill the buffers. Input ``[B, *shape]``, any numeric dtype; output float32.
     """
 
+    # buffers (state_dict entries), declared: nn.Module's __getattr__ would type them Tensor | Module
+    shift: torch.Tensor
+    scale: torch.Tensor
+
     def __init__(self, shape: tuple[int, ...], clip: float | None = 10.0) -> None:
         super().__init__()
         self.clip = None if clip is None else float(clip)
@@ -355,7 +359,7 @@ class _PerStepStage:
         cut = self._in_next
         self._in_next = True
         batch = next(self.upstream)
-        seq = self.upstream.stream_seq if self._upstream_numbered else None
+        seq = cast(NumberedStream, self.upstream).stream_seq if self._upstream_numbered else None
         gap = seq is not None and self._upstream_seq is not None and seq != self._upstream_seq + 1
         out = self._transform(batch, cut or gap)
         self._upstream_seq = seq

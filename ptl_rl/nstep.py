@@ -26,7 +26,7 @@ pulled from it by someone else). ``n=1`` is a pass-through.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -145,6 +145,9 @@ class NStepTransform:
         self._next_obs: Any = None
         self._head = np.zeros(0, dtype=np.int64)  # next write position per env
         self._length = np.zeros(0, dtype=np.int64)  # steps held per env
+        # sized with the windows by _ensure_capacity: a scratch row per env and the tables of _constants
+        self._scratch = np.zeros(0, dtype=np.int64)
+        self._window_rows, self._no_end, self._full_discount = self._constants(0)
         self._flush_on_next = False
         self._sized_for_source = False
         # set while a fold is under way: still set on entry means the previous call was interrupted
@@ -182,11 +185,13 @@ class NStepTransform:
         # a cut in the streams (a gap upstream, an interrupted call, a restore) skips a number of our own
         # stream_seq, so that a stage downstream that continues episodes across batches sees it too;
         # _in_next still set on entry means the last call was cut short, maybe after its rows were folded
+        upstream = self.upstream
+        assert upstream is not None  # __next__ raised already
         cut = self._in_next
         self._in_next = True
         while True:
-            batch = next(self.upstream)
-            seq = self.upstream.stream_seq if self._upstream_numbered else None
+            batch = next(upstream)
+            seq = cast(NumberedStream, upstream).stream_seq if self._upstream_numbered else None
             # a skipped number: steps between the last batch folded and this one never reached us
             gap = seq is not None and self._upstream_seq is not None and seq != self._upstream_seq + 1
             cut = cut or gap or self._in_fold or self._flush_on_next
@@ -334,11 +339,13 @@ class NStepTransform:
 
     def _make_views(self) -> dict[str, np.ndarray]:
         """The window arrays (and the next_obs ring) as ``[E, n, ...]`` views."""
+        window = self._window
+        assert window is not None  # sized by the first batch, before any fold or emit
 
         def view(a: np.ndarray) -> np.ndarray:
             return a.reshape(len(self._length), self.n, *a.shape[1:])
 
-        views = {name: view(store) for name, store in self._window.items()}
+        views = {name: view(store) for name, store in window.items()}
         views["next_obs"] = view(self._next_obs)
         return views
 
@@ -363,12 +370,14 @@ class NStepTransform:
         return out
 
     def _fold_unique(self, batch: TransitionBatch, env: np.ndarray) -> TransitionBatch | None:
+        window = self._window
+        assert window is not None  # sized by the first batch, before any fold or emit
         n = self.n
         head = self._head[env]
         slots = env * n + head
         # The slot at head is free (a window holds at most n - 1 steps between calls), so these
         # writes change nothing a window holds until head and length are committed below.
-        for name, store in self._window.items():
+        for name, store in window.items():
             tree_assign(store, slots, batch[name])
         tree_assign(self._next_obs, slots, batch["next_obs"])
         head = self._next_position[head]
@@ -403,12 +412,14 @@ class NStepTransform:
 
     def _emit_full(self, env: np.ndarray, head: np.ndarray, next_obs: Any) -> TransitionBatch:
         """The full oldest window of each env in ``env`` (none of them ended); ``head`` is after this step."""
+        window = self._window
+        assert window is not None  # sized by the first batch, before any fold or emit
         first = env * self.n + head  # a full window's oldest step sits where the next write goes
         rows = len(env)
         out: dict[str, Any] = {}
-        for name, store in self._window.items():
+        for name, store in window.items():
             out[name] = tree_take(store, first)
-        out["reward"] = self._window["reward"].take(self._window_rows[first]).dot(self._fold[0])
+        out["reward"] = window["reward"].take(self._window_rows[first]).dot(self._fold[0])
         out["next_obs"] = next_obs
         out["terminated"] = out["truncated"] = self._no_end[:rows]
         out["discount"] = self._full_discount[:rows]
@@ -431,14 +442,16 @@ class NStepTransform:
         ``next_obs``/``terminated``/``truncated`` of each env's last step.
         Changes no state.
         """
+        window = self._window
+        assert window is not None  # sized by the first batch, before any fold or emit
         oldest = (head - length) % self.n
         slots = (env * self.n)[:, None] + self._positions[oldest]  # [R, n] window rows, oldest first
-        rewards = self._window["reward"].take(slots) * self._held[length]
+        rewards = window["reward"].take(slots) * self._held[length]
         tail_sums = rewards @ self._fold.T  # [R, n]: discounted sum of the window tail starting at step j
         row, start = self._starts[whole.view(np.uint8), length].nonzero()
         src_env, src_slot = env[row], slots[row, start]
         out: dict[str, Any] = {}
-        for name, store in self._window.items():
+        for name, store in window.items():
             out[name] = tree_take(store, src_slot)
         out["reward"] = tail_sums[row, start]
         last = end_rows[row]

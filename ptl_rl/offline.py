@@ -31,7 +31,7 @@ import os
 import pathlib
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from gymnasium import spaces
@@ -726,7 +726,7 @@ class MinariRecorder:
         if self.upstream is None:
             raise TypeError("this MinariRecorder has no upstream; call record(batch) instead")
         batch = next(self.upstream)
-        seq = self.upstream.stream_seq if self._upstream_numbered else None
+        seq = cast(NumberedStream, self.upstream).stream_seq if self._upstream_numbered else None
         # a skipped number: the envs' streams were cut (a resync after a crash or interrupt, a restore) or
         # someone else pulled batches (a peek); the running episodes cannot be continued by this batch
         if seq is not None and self._upstream_seq is not None and seq != self._upstream_seq + 1:

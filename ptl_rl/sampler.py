@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -92,7 +92,8 @@ class BatchSampler:
 
     def __next__(self) -> TorchBatch:
         start = perf_counter_ns()
-        source = self.upstream if self._standalone else next(self.upstream)
+        # standalone: the upstream is the ReplayBuffer itself (a Sampleable as well as an iterator)
+        source = cast(Sampleable, self.upstream) if self._standalone else next(self.upstream)
         try:  # a Sampleable; checked here, as what a plain iterator yields is only known now
             sample = source.sample
         except AttributeError:
@@ -114,7 +115,7 @@ class BatchSampler:
 
     def __repr__(self) -> str:
         """``BatchSampler(batch_size=..., [device=...])`` and the chain upstream."""
-        placement = {"device": self.device} if self.device is not None else {}
+        placement: dict[str, object] = {"device": self.device} if self.device is not None else {}
         if self.pin_memory:
             placement["pin_memory"] = True
         return stage_repr(self, batch_size=self.batch_size, **placement)

@@ -12,7 +12,7 @@ slots are drawn, and how, is the business of a draw strategy
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -20,6 +20,7 @@ import torch
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.draws import PriorityDraws, Schedule, SlotDraws
 from ptl_rl.buffers.replay import ReplayBuffer
+from ptl_rl.protocols import PartlySampleableStorage
 
 # Fields the prioritized and sequence buffers add to sampled batches; stored data may not use them.
 SAMPLE_FIELDS = ("indices", "generations", "weights", "mask")
@@ -196,7 +197,8 @@ class IndexedReplayBuffer(ReplayBuffer):
 
     def _sampleable(self, indices: np.ndarray) -> np.ndarray:
         """Which drawn slots the storage can sample now (bool [B])."""
-        return self.storage.sampleable(indices)
+        # called only when the storage is a PartlySampleableStorage (see _partly_sampleable)
+        return cast(PartlySampleableStorage, self.storage).sampleable(indices)
 
     def _finish(self, batch: TransitionBatch, indices: np.ndarray, weights: np.ndarray | None) -> TransitionBatch:
         generations = self.generations.take(indices)

@@ -28,7 +28,7 @@ priority among the current starts.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from ptl_rl._reprs import stage_repr
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.indexed import IndexedReplayBuffer, check_reserved_fields
 from ptl_rl.buffers.replay import restore_storage, storage_snapshot
+from ptl_rl.protocols import PartlySampleableStorage
 from ptl_rl.schedules import Schedule
 
 _REQUIRED_FIELDS = ("env_id", "terminated", "truncated")
@@ -410,7 +411,8 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
     def _sampleable(self, starts: np.ndarray) -> np.ndarray:
         """Windows whose every real step the storage can sample (e.g. its next_obs has arrived), bool [B]."""
         slots, mask = self.window_slots(starts)
-        return (self.storage.sampleable(slots) | ~mask).all(axis=1)
+        # called only when the storage is a PartlySampleableStorage (see _partly_sampleable)
+        return (cast(PartlySampleableStorage, self.storage).sampleable(slots) | ~mask).all(axis=1)
 
     def window_slots(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Slots ``[B, burn_in + length]`` of the windows starting at ``starts`` (int [B]), and their mask.

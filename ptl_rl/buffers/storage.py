@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ptl_rl._state import check_version, versioned
-from ptl_rl._trees import tree_leaves, tree_map, tree_take
+from ptl_rl._trees import PyTree, tree_leaves, tree_map, tree_take
 from ptl_rl.batch import TransitionBatch
 
 # The field contract's dtypes (docs/contract.rst). A buffer stores these fields in these dtypes whatever the first
@@ -43,11 +43,13 @@ class ArrayStorage:
         if not isinstance(capacity, (int, np.integer)) or capacity < 1:
             raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
         self.capacity = int(capacity)
-        self.fields: dict[str, Any] | None = None
-        self._spec: list[tuple[str, str, np.dtype, tuple[int, ...]]] = []
+        self.fields: dict[str, PyTree] | None = None  # field -> ring array [capacity, ...] (or a dict of them)
+        # (field, keys into a dict field, dtype, trailing shape) per stored array
+        self._spec: list[tuple[str, tuple[str, ...], np.dtype, tuple[int, ...]]] = []
         self._flat = False  # every field one array (no dict observations): the layout cache applies
         self._checked_layouts: set[tuple[Any, ...]] = set()  # batch layouts that passed _validate
         self._last_layout: tuple[Any, ...] | None = None
+        self._slot_numbers = np.zeros(0, dtype=np.int64)  # 0 .. capacity - 1, read-only (set by _allocate)
         self.cursor = 0  # next slot to write
         self.size = 0
         self.total_added = 0
@@ -90,8 +92,9 @@ class ArrayStorage:
         count -= skip
         start = self.cursor
         end = start + count
+        fields = self.fields
+        assert fields is not None  # check() allocated the ring
         if end <= self.capacity and not skip:
-            fields = self.fields
             if self._flat:
                 for name, value in batch.items():
                     fields[name][start:end] = value
@@ -101,7 +104,7 @@ class ArrayStorage:
         else:
             first = min(count, self.capacity - start)
             for name, value in batch.items():
-                _write(self.fields[name], value, start, first, skip, count)
+                _write(fields[name], value, start, first, skip, count)
         self.cursor = end % self.capacity
         self.size = min(self.size + count, self.capacity)
         self.total_added += count + skip
@@ -134,7 +137,7 @@ class ArrayStorage:
         else:
             self._validate(batch)
 
-    def _new_fields(self, batch: TransitionBatch) -> dict[str, Any]:
+    def _new_fields(self, batch: TransitionBatch) -> dict[str, PyTree]:
         """The ring arrays ``[capacity, *shape]`` for the fields of ``batch`` (contract dtypes), in RAM."""
 
         def ring(name: str, leaf: np.ndarray) -> np.ndarray:
@@ -142,7 +145,8 @@ class ArrayStorage:
 
         return {name: tree_map(lambda a, name=name: ring(name, a), value) for name, value in batch.items()}
 
-    def _allocate(self, batch: TransitionBatch) -> None:
+    def _allocate(self, batch: TransitionBatch) -> dict[str, PyTree]:
+        """Allocate the ring from the fields of ``batch`` (see :meth:`_new_fields`); returns the new ``fields``."""
         fields = self._new_fields(batch)
         # (field, keys into a dict field, dtype, trailing shape) per stored array
         spec = [
@@ -163,16 +167,19 @@ class ArrayStorage:
             _checked_layouts=set(),
             _last_layout=None,
         )
+        return fields
 
     def _validate(self, batch: TransitionBatch) -> None:
-        if batch.keys() != self.fields.keys():
-            missing = sorted(set(self.fields) - set(batch.keys()))
-            extra = sorted(set(batch.keys()) - set(self.fields))
+        fields = self.fields
+        assert fields is not None  # validated against the allocated ring
+        if batch.keys() != fields.keys():
+            missing = sorted(set(fields) - set(batch.keys()))
+            extra = sorted(set(batch.keys()) - set(fields))
             raise ValueError(
                 f"batch fields differ from the stored ones: missing {missing}, unexpected {extra}. "
                 "Every batch added to one buffer must carry the same fields (and agent extras)."
             )
-        for name, store in self.fields.items():
+        for name, store in fields.items():
             if isinstance(store, dict):
                 _check_same_keys(name, store, batch[name])
         size = len(batch)
@@ -205,6 +212,8 @@ class ArrayStorage:
     def gather(self, indices: np.ndarray) -> TransitionBatch:
         """The transitions at ``indices`` (int [B]) as a new batch (a copy)."""
         # ndarray.take is several times faster than fancy indexing for rows of 2-D arrays
+        if self.fields is None:
+            raise ValueError("the storage holds no transitions yet: add a batch before gathering rows")
         return TransitionBatch.wrap({name: tree_take(v, indices) for name, v in self.fields.items()})
 
     # ------------------------------------------------------------------ state
@@ -242,10 +251,10 @@ class ArrayStorage:
             return
         rows = TransitionBatch({name: tree_map(lambda t: t.numpy(), v) for name, v in state["fields"].items()})
         self.fields = None
-        self._allocate(rows)
+        fields = self._allocate(rows)
         self.size = int(state["size"])
         for name, value in rows.items():
-            _write(self.fields[name], value, 0, self.size, 0, self.size)
+            _write(fields[name], value, 0, self.size, 0, self.size)
         self.cursor = int(state["cursor"])
         self.total_added = int(state["total_added"])
 

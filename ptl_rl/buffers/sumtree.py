@@ -7,17 +7,26 @@ over the tree levels (``log2(capacity)`` of them), never over the items.
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
 import numpy as np
 
 # The compiled loops (``_sumtree_kernel.c``, built by setup.py when a C compiler is there; optional) give the same
 # trees and draws bit for bit; ``PTL_RL_PURE_PYTHON=1``, read once at import, forces the numpy path.
-try:
-    from ptl_rl.buffers import _sumtree_kernel
-except ImportError:  # not built (no compiler at install time, or a source checkout without build_ext)
-    _sumtree_kernel = None
-if os.environ.get("PTL_RL_PURE_PYTHON", "") not in ("", "0"):
-    _sumtree_kernel = None
+
+
+def _compiled_kernel() -> ModuleType | None:
+    """The compiled module, or None when it is not built or ``PTL_RL_PURE_PYTHON`` forces numpy."""
+    if os.environ.get("PTL_RL_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from ptl_rl.buffers import _sumtree_kernel
+    except ImportError:  # not built (no compiler at install time, or a source checkout without build_ext)
+        return None
+    return _sumtree_kernel
+
+
+_sumtree_kernel = _compiled_kernel()
 
 # During an update of U leaves, levels at most min(16 U, this) wide are recomputed whole
 # (contiguous, strided adds): there one contiguous pass is cheaper than gathering parents.
@@ -182,7 +191,7 @@ class SumTree:
     def _descend(self, node: np.ndarray, u: np.ndarray) -> np.ndarray:
         """From top-level nodes (int64 [B]) to the leaves holding the rests ``u`` (float64 [B]); new arrays."""
         sums = self.sums
-        if self.compiled:
+        if self.compiled and _sumtree_kernel is not None:  # the second test narrows the type for mypy
             node = np.array(node, dtype=np.int64)
             _sumtree_kernel.descend(sums, node, np.array(u, dtype=np.float64), self.depth - self.top_level)
             return node
@@ -220,7 +229,7 @@ class SumTree:
         node = indices + self.width
         self.sums[node] = values
         self.maxes[node] = values
-        if self.compiled:
+        if self.compiled and _sumtree_kernel is not None:
             if self.width > self.top:  # else the leaves are the top level: no parent to repair
                 _sumtree_kernel.repair(self.sums, self.maxes, node, self.top)
             return

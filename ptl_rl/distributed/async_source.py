@@ -114,11 +114,11 @@ def _collector_main(
             # one message per steps_per_message batches: the queue's fixed cost (pickle, pipe write, the
             # learner's wake-up and unpickle) is paid once for all of them
             batch = TransitionBatch.concat(batches)
-            if writer is not None:  # large arrays go through shared memory, the queue carries where they are
-                batch = writer.pack(batch, keep_going)
-                if batch is None:
-                    break
-            if not _put(data_q, ("batch", batch, steps - last_steps, episodes), stop):
+            # large arrays go through shared memory, the queue carries where they are; None: told to stop
+            message = batch if writer is None else writer.pack(batch, keep_going)
+            if message is None:
+                break
+            if not _put(data_q, ("batch", message, steps - last_steps, episodes), stop):
                 break
             last_steps = steps
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the learner, which raises it

@@ -19,10 +19,10 @@ import pytorch_lightning as pl
 
 try:  # the unified package is optional
     import lightning.pytorch as lpl
-except ImportError:  # pragma: no cover - exercised only where `lightning` is not installed
-    lpl = None
 
-LIGHTNING_PACKAGES: tuple[Any, ...] = (pl,) if lpl is None else (pl, lpl)
+    LIGHTNING_PACKAGES: tuple[Any, ...] = (pl, lpl)
+except ImportError:  # pragma: no cover - exercised only where `lightning` is not installed
+    LIGHTNING_PACKAGES = (pl,)
 
 CALLBACK_BASES: tuple[type, ...] = tuple(package.Callback for package in LIGHTNING_PACKAGES)
 DATAMODULE_BASES: tuple[type, ...] = tuple(package.LightningDataModule for package in LIGHTNING_PACKAGES)

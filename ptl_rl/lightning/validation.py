@@ -29,11 +29,11 @@ class EvaluationMixin:
     def _log_evaluation(self, batch: dict[str, torch.Tensor]) -> None:
         size = len(batch["episode_return"])
         prefix = self.eval_metric_prefix
-        self.log(
+        self.log(  # type: ignore[attr-defined]  # a mixin: the LightningModule it is mixed into has log
             f"{prefix}/return_mean",
             batch["episode_return"].float().mean(),
             batch_size=size,
             sync_dist=True,
             prog_bar=True,
-        )  # type: ignore[attr-defined]
+        )
         self.log(f"{prefix}/length_mean", batch["episode_length"].float().mean(), batch_size=size, sync_dist=True)  # type: ignore[attr-defined]

@@ -21,7 +21,7 @@ from ptl_rl._state import check_version, versioned
 from ptl_rl.evaluation import run_episodes
 from ptl_rl.lightning._compat import LIGHTNING_PACKAGES
 from ptl_rl.lightning.stops import PipelineCallback, global_env_steps
-from ptl_rl.source import ExperienceSource
+from ptl_rl.protocols import EpisodeCounter
 from ptl_rl.stages import find_episode_source
 from ptl_rl.video import (
     VIDEO_FORMATS,
@@ -211,7 +211,7 @@ class EvaluationVideo(PipelineCallback):
         check_video_packages(video_format)
         if tensorboard:
             check_video_packages("gif")  # TensorBoard shows GIFs
-        self.source: ExperienceSource = find_episode_source(pipeline)
+        self.source: EpisodeCounter = find_episode_source(pipeline)
         self.pipeline = pipeline
         self.env, self.make_agent = env, make_agent
         self.every, self.episodes, self.seed = int(every_env_steps), int(episodes), seed

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from stats import SIGNIFICANCE, chi_square_quantile, chi_square_statistic
 
 from ptl_rl import ReplayBuffer, TransitionBatch
+from ptl_rl.buffers import ArrayStorage
 
 
 def make_batch(start: int, rows: int, obs_dim: int = 3) -> TransitionBatch:
@@ -202,3 +203,9 @@ def test_several_yields_per_pull_when_a_pull_brings_more_than_transitions_per_yi
     for _ in range(12):
         next(buffer)
     assert len(pulls) == 3  # 8 transitions per pull pay for 4 yields
+
+
+def test_gather_from_an_empty_storage_says_to_add_first() -> None:
+    storage = ArrayStorage(4)
+    with pytest.raises(ValueError, match="add a batch before gathering"):
+        storage.gather(np.zeros(1, dtype=np.int64))
