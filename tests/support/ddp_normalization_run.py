@@ -73,3 +73,8 @@ def main(out: Path, package: str) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), sys.argv[2])
+    # Gloo's worker threads outlive a process group that is never destroyed, and the
+    # interpreter's teardown then aborts the rank (SIGABRT, "terminate called without
+    # an active exception"): end every DDP script this way, as PyTorch asks.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -175,3 +175,8 @@ def video(L, module_class, out: Path) -> None:  # noqa: N803
 
 if __name__ == "__main__":
     main(sys.argv[1], Path(sys.argv[2]), sys.argv[3])
+    # Gloo's worker threads outlive a process group that is never destroyed, and the
+    # interpreter's teardown then aborts the rank (SIGABRT, "terminate called without
+    # an active exception"): end every DDP script this way, as PyTorch asks.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
