@@ -19,7 +19,7 @@ import difflib
 import importlib
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -321,16 +321,21 @@ def is_mujoco(env_id: str) -> bool:
 
 
 def apply_recipe(
-    parser: argparse.ArgumentParser, argv: Sequence[str] | None, recipes: Mapping[str, Mapping[str, Any]]
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    recipes: Mapping[str, Mapping[str, Any]],
+    recipe_of: Callable[[str], str | None] | None = None,
 ) -> None:
     """Make ``recipes[name]`` the parser's defaults, ``name`` from ``--recipe`` or, under ``auto``, from the env.
 
-    ``auto`` picks ``"mujoco"`` for gymnasium's MuJoCo envs and the env id itself when ``recipes``
-    has one for it; else nothing changes. Flags given on the command line still win.
+    ``auto`` picks ``"mujoco"`` for gymnasium's MuJoCo envs, then ``recipe_of(env_id)`` if given and not
+    ``None`` (a recipe for a family of ids), then the env id itself when ``recipes`` has one for it; else
+    nothing changes. Flags given on the command line still win.
     """
     known, _ = parser.parse_known_args(argv)
     name = known.recipe
     if name == "auto":
-        name = "mujoco" if is_mujoco(known.env_id) and "mujoco" in recipes else known.env_id
+        family = recipe_of(known.env_id) if recipe_of is not None else None
+        name = "mujoco" if is_mujoco(known.env_id) and "mujoco" in recipes else family or known.env_id
     if name in recipes:
         parser.set_defaults(**recipes[name])

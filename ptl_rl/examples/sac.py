@@ -34,6 +34,13 @@ Read it top to bottom, CleanRL style:
    every ``--eval-every`` env steps (stopping once ``--solved-return`` is
    reached and confirmed on fresh episodes), the final evaluation and the run
    directory.
+6. Goal envs (``--her``): for envs that observe a dict with ``observation``,
+   ``achieved_goal`` and ``desired_goal`` (gymnasium-robotics' Fetch tasks),
+   the networks read ``observation`` and ``desired_goal`` side by side
+   (``GoalInput``) and the replay is a ``ptl_rl.HERReplayBuffer``, which
+   relabels goals at sampling time with the env's own ``compute_reward``.
+   ``python -m ptl_rl.examples.sac --env-id gymnasium_robotics:FetchReach-v4``
+   takes SB3-zoo's recipe for it; the summary adds the greedy success rate.
 """
 
 # ruff: noqa: E402 - torch, Lightning and ptl_rl's stages are imported after parse_args on purpose (see below)
@@ -57,7 +64,13 @@ RECIPES: dict[str, dict[str, Any]] = {
     # the sparse reward: without temporally correlated noise the policy learns to stand still (docs/design/examples.md)
     "MountainCarContinuous-v0": {"action_noise": "ou", "hidden": 64, "batch_size": 64, "eval_every": 4_000,
                                  "eval_episodes": 2, "confirm_episodes": 4},
+    # SB3-zoo's hyperparams/her.yml for FetchReach (SAC/TQC + HER): 20k env steps, gamma 0.95, 64x64 networks
+    "FetchReach": {"her": True, "env_steps": 20_000, "buffer_size": 1_000_000, "batch_size": 256, "gamma": 0.95,
+                   "learning_starts": 1_000, "policy_lr": 1e-3, "q_lr": 1e-3, "alpha_lr": 1e-3, "hidden": 64,
+                   "n_sampled_goal": 4, "goal_strategy": "future", "eval_every": 0, "solved_return": float("inf"),
+                   "final_eval_episodes": 100},
 }  # fmt: skip
+GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")  # the gymnasium-robotics goal-env observation dict
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -95,12 +108,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     n.add_argument("--noise-std", type=float, default=0.6, help="standard deviation of the noise (stationary, for ou)")
     n.add_argument("--noise-theta", type=float, default=0.02, help="ou: mean reversion per env step, in (0, 1]")
-    cli.apply_recipe(p, argv, RECIPES)
+    goal_obs = f"for goal envs (dict observations with {', '.join(GOAL_KEYS)})"
+    h = p.add_argument_group("hindsight experience replay", goal_obs)
+    h.add_argument(
+        "--her",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="relabel goals with ptl_rl.HERReplayBuffer, on for goal envs unless --no-her, which replays the "
+        "real goals only, with the same networks",
+    )
+    h.add_argument("--n-sampled-goal", type=int, default=4, help="relabeled transitions per real one (SB3's meaning)")
+    h.add_argument("--goal-strategy", choices=("future", "final", "episode"), default="future", help="which goal")
+    cli.apply_recipe(p, argv, RECIPES, recipe_of=_goal_recipe)
     # fails here, with the usage line, for a mistyped or unsuitable env: before the imports below
-    args = cli.parse(p, argv, (spaces.Box,), "SAC", solved_returns={"Pendulum-v1": -200.0})[0]
+    args, env = cli.parse(p, argv, (spaces.Box,), "SAC", solved_returns={"Pendulum-v1": -200.0}, box_observations=False)
+    check_observations(p, args, env.observation_space)
     if args.noise_std < 0 or not 0 < args.noise_theta <= 1:
         p.error(f"--noise-std must be >= 0 and --noise-theta in (0, 1], got {args.noise_std}, {args.noise_theta}")
     return args
+
+
+def _goal_recipe(env_id: str) -> str | None:
+    """The recipe of a gymnasium-robotics Fetch reach env id (any version, with or without a module prefix)."""
+    return "FetchReach" if env_id.rpartition(":")[2].startswith("FetchReach") else None
+
+
+def is_goal_space(space: spaces.Space) -> bool:
+    """Whether ``space`` is a goal env's observation: a Dict of Boxes with the keys of :data:`GOAL_KEYS`."""
+    return isinstance(space, spaces.Dict) and all(isinstance(space.spaces.get(key), spaces.Box) for key in GOAL_KEYS)
+
+
+def check_observations(p: argparse.ArgumentParser, args: argparse.Namespace, space: spaces.Space) -> None:
+    """Resolve ``--her`` (default: on for goal envs) and ``parser.error`` for observations the networks cannot read."""
+    goal_env = is_goal_space(space)
+    if args.her is None:
+        args.her = goal_env
+    if args.her and not goal_env:
+        p.error(f"--her needs a goal env (dict observations with {', '.join(GOAL_KEYS)}); {args.env_id} has {space}")
+    if not goal_env and not isinstance(space, spaces.Box):
+        p.error(
+            f"--env-id {args.env_id}: the example's MLP needs Box (array) observations or a goal env's dict, "
+            f"but {args.env_id} has {space}"
+        )
+    if args.n_sampled_goal < 0:
+        p.error(f"--n-sampled-goal must be >= 0, got {args.n_sampled_goal}")
 
 
 if __name__ == "__main__":
@@ -119,34 +170,63 @@ from ptl_rl.examples.burst import replay_stage
 
 
 # ---------------------------------------------------------------------------- networks
+class GoalInput(nn.Module):
+    """Goal-env observation dict -> float [B, obs_dim + goal_dim]: ``observation`` and ``desired_goal`` side by side.
+
+    ``achieved_goal`` is left out: in the Fetch tasks it is part of ``observation`` already.
+    """
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([obs["observation"].flatten(1).float(), obs["desired_goal"].flatten(1).float()], dim=1)
+
+
+class FlatInput(nn.Module):
+    """Array observations float [B, *shape] -> float [B, prod(shape)]."""
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs.flatten(1).float()
+
+
+def input_layer(space: spaces.Space) -> tuple[nn.Module, int]:
+    """The module that flattens ``space``'s observations for the MLPs, and the width it produces."""
+    if is_goal_space(space):
+        parts = (space["observation"], space["desired_goal"])  # type: ignore[index]  # a goal env's Dict
+        return GoalInput(), sum(int(np.prod(part.shape)) for part in parts)
+    return FlatInput(), int(np.prod(space.shape))  # type: ignore[arg-type]  # a Box: checked in parse_args
+
+
 def mlp(in_features: int, hidden: int) -> nn.Sequential:
     """float [B, in_features] -> features float [B, hidden], two ReLU layers."""
     return nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
 
 
 class TwinQ(nn.Module):
-    """(obs float [B, obs_dim], policy action float [B, act_dim]) -> (q1, q2), each float [B]."""
+    """(obs [B, ...] as ``inputs`` reads it, policy action float [B, act_dim]) -> (q1, q2), each float [B]."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: int) -> None:
+    def __init__(self, inputs: nn.Module, obs_dim: int, act_dim: int, hidden: int) -> None:
         super().__init__()
+        self.inputs = inputs
         self.q1 = nn.Sequential(mlp(obs_dim + act_dim, hidden), nn.Linear(hidden, 1))
         self.q2 = nn.Sequential(mlp(obs_dim + act_dim, hidden), nn.Linear(hidden, 1))
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.cat([obs.flatten(1).float(), action], dim=1)
+        x = torch.cat([self.inputs(obs), action], dim=1)
         return self.q1(x).squeeze(1), self.q2(x).squeeze(1)
 
 
 # ---------------------------------------------------------------------------- learner
 class SAC(pl.LightningModule):
-    def __init__(self, obs_dim: int, action_space: gym.spaces.Box, args: argparse.Namespace) -> None:
+    def __init__(
+        self, observation_space: gym.spaces.Space, action_space: gym.spaces.Box, args: argparse.Namespace
+    ) -> None:
         super().__init__()
         self.save_hyperparameters(vars(args))
         self.automatic_optimization = False  # three optimizers, stepped in a fixed order
         act_dim = int(np.prod(action_space.shape))
         head = ptl_rl.action_head(action_space, args.hidden, squashed=True)
-        self.actor = nn.Sequential(mlp(obs_dim, args.hidden), head)
-        self.q = TwinQ(obs_dim, act_dim, args.hidden)
+        inputs, obs_dim = input_layer(observation_space)
+        self.actor = nn.Sequential(inputs, mlp(obs_dim, args.hidden), head)
+        self.q = TwinQ(inputs, obs_dim, act_dim, args.hidden)
         self.q_target = ptl_rl.TargetNet(self.q)
         self.log_alpha = nn.Parameter(torch.tensor(float(np.log(args.alpha))), requires_grad=args.autotune)
         self.target_entropy = -float(act_dim)
@@ -253,6 +333,25 @@ def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
 
 
+def success_rate(actor: nn.Module, env_id: str, episodes: int, seed: int) -> float:
+    """Share of ``episodes`` greedy episodes whose last step reports ``info["is_success"]`` (goal envs)."""
+    env = gym.make(env_id)
+    agent = ptl_rl.StochasticPolicyAgent(actor, env.action_space, greedy=True)
+    successes = 0
+    try:
+        for episode in range(episodes):
+            obs, info = env.reset(seed=seed + episode)
+            done = False
+            while not done:
+                batch = {key: value[None] for key, value in obs.items()}  # a batch of one
+                obs, _, terminated, truncated, info = env.step(agent(batch)[0][0])
+                done = terminated or truncated
+            successes += bool(info.get("is_success", False))
+    finally:
+        env.close()
+    return successes / episodes if episodes else float("nan")
+
+
 def greedy_agent(actor: nn.Module, env: gym.vector.VectorEnv) -> ptl_rl.StochasticPolicyAgent:
     """The policy's mean action, tanh(mu)."""
     return ptl_rl.StochasticPolicyAgent(actor, env.single_action_space, greedy=True)
@@ -263,8 +362,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train, then evaluate the final weights; returns the run's summary (see ``harness.run``)."""
     harness.set_up(args)
     env = make_env(args.env_id, args.num_envs)
-    obs_dim = int(np.prod(env.single_observation_space.shape))
-    model = SAC(obs_dim, env.single_action_space, args)
+    model = SAC(env.single_observation_space, env.single_action_space, args)
     agent: Any = model.agent
     if args.action_noise != "none":
         act_dim = int(np.prod(env.single_action_space.shape))
@@ -274,13 +372,24 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     # ExperienceSource -> ReplayBuffer -> BatchSampler: --gradient-steps batches per --train-freq env steps
     source = ptl_rl.ExperienceSource(env, agent, gamma=args.gamma, seed=args.seed)
-    buffer = ptl_rl.ReplayBuffer(
-        source,
+    replay = dict(
         capacity=args.buffer_size,
         warmup=max(args.learning_starts, args.batch_size),
         transitions_per_yield=args.train_freq,
         seed=args.seed,
     )
+    buffer: ptl_rl.ReplayBuffer | ptl_rl.HERReplayBuffer
+    if args.her:  # goals relabeled at sampling time; every sub-env shares the reward function of the first
+        goal_env = env.envs[0].unwrapped  # type: ignore[attr-defined]  # make_env builds a SyncVectorEnv
+        buffer = ptl_rl.HERReplayBuffer(
+            source,
+            compute_reward=goal_env.compute_reward,
+            strategy=args.goal_strategy,
+            n_sampled_goal=args.n_sampled_goal,
+            **replay,
+        )
+    else:
+        buffer = ptl_rl.ReplayBuffer(source, **replay)
     pipeline = ptl_rl.BatchSampler(replay_stage(buffer, args.gradient_steps), batch_size=args.batch_size)
     return harness.run(
         harness.Experiment(
@@ -293,14 +402,23 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             ptl_rl.to_dataloader(pipeline, steps_per_epoch=1_000),
             make_env=lambda n: make_env(args.env_id, n),
             greedy_agent=lambda module: greedy_agent(module.actor, env),
+            extra_summary=goal_summary(args, model, env.single_observation_space),
             config={
-                "obs_dim": obs_dim,
+                "obs_dim": input_layer(env.single_observation_space)[1],
                 "action_space": str(env.single_action_space),
                 "target_entropy": model.target_entropy,
                 "replay_ratio": args.batch_size * args.gradient_steps / args.train_freq,
             },
         )
     )
+
+
+def goal_summary(args: argparse.Namespace, model: SAC, space: gym.spaces.Space) -> Any:
+    """For goal envs, ``() -> {"success_rate": ...}`` over the final evaluation's number of fresh episodes."""
+    if not is_goal_space(space):
+        return None
+    seed = args.seed + harness.FINAL_SEED
+    return lambda: {"success_rate": success_rate(model.actor, args.env_id, args.final_eval_episodes, seed)}
 
 
 def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
