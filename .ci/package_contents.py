@@ -6,7 +6,7 @@ Usage::
     python package_contents.py wheel WHEEL SRC compiled|fallback
 
 SRC is the copy of the checkout the packages were built from (the files git
-knows). The package's modules are compared with SRC's ``ptl_rl/**/*.py``, so a
+knows). The package's modules are compared with SRC's ``ptl_rl/**/*.py`` and ``*.pyi``, so a
 subpackage that packaging drops (no ``__init__.py``, a wrong ``find:``) fails
 here rather than at a user's import. Only the standard library is used.
 """
@@ -63,7 +63,9 @@ def version(src: Path) -> str:
 
 
 def modules(src: Path) -> set[str]:
-    return {path.relative_to(src).as_posix() for path in (src / "ptl_rl").rglob("*.py")}
+    """The package's modules and their type stubs (``*.pyi``, PEP 561: they ship beside the compiled modules)."""
+    files = [*(src / "ptl_rl").rglob("*.py"), *(src / "ptl_rl").rglob("*.pyi")]
+    return {path.relative_to(src).as_posix() for path in files}
 
 
 def junk(names: set[str]) -> list[str]:
