@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import numbers
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -176,7 +176,7 @@ class DQNAgent:
         hook = getattr(self.selector, "state_dict", None)
         return versioned({"selector": hook()} if hook is not None else {}, self.STATE_VERSION)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_version(state, self.STATE_VERSION, type(self).__name__)
         if "selector" in state:
             self.selector.load_state_dict(state["selector"])
@@ -254,7 +254,7 @@ class _GeneratorPerDevice:
     def state_dict(self) -> dict[str, Any]:
         return {str(device): generator.get_state() for device, generator in self._generators.items()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for device, generator_state in state.items():
             self(torch.device(device)).set_state(generator_state)
 
@@ -276,7 +276,7 @@ class _SeededAgentState:
         state = {"total_steps": self.total_steps, "generators": self._generator.state_dict()}
         return versioned(state, self.STATE_VERSION)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_version(state, self.STATE_VERSION, type(self).__name__)
         self.on_env_steps(int(state["total_steps"]))  # type: ignore[attr-defined]
         self._generator.load_state_dict(state["generators"])

@@ -324,7 +324,10 @@ def implements(obj: Any, protocol: type) -> bool:
     gains methods per instance (``__getattr__`` forwarding, as a wrapped
     agent does) needs ``isinstance`` instead.
     """
-    return _class_implements(type(obj), protocol)
+    # (annotated as plain `type`: mypy checks `type[X]` against the cache's Hashable key through X's unbound
+    # __hash__ and refuses it, though every class is hashable)
+    kind: type = type(obj)
+    return _class_implements(kind, protocol)
 
 
 @functools.cache

@@ -11,7 +11,7 @@ slots are drawn, and how, is the business of a draw strategy
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 import numpy as np
@@ -234,8 +234,7 @@ class IndexedReplayBuffer(ReplayBuffer):
         ``ValueError`` says what is wrong and nothing is changed.
         """
         idx = to_numpy_1d(indices, "indices", np.int64)
-        if not self.prioritized:
-            raise TypeError(f"this {type(self).__name__} samples uniformly; create it with prioritized=True")
+        draws = self._priority_draws()  # a TypeError for a buffer that samples uniformly
         values = to_numpy_1d(priorities, "priorities", np.float64)
         if values.shape != idx.shape:
             raise ValueError(
@@ -243,7 +242,7 @@ class IndexedReplayBuffer(ReplayBuffer):
                 "row, in the batch's order (reduce per-step errors of sequences to one value per row). "
                 "The priorities are unchanged."
             )
-        values = self.draws.weights_of(values)
+        values = draws.weights_of(values)
         self._check_slots(idx)
         fresh = None
         if generations is not None:
@@ -254,12 +253,12 @@ class IndexedReplayBuffer(ReplayBuffer):
         self._check_targets(idx if fresh is None else idx[fresh])
         if fresh is not None and not fresh.all():
             stale = int(len(idx) - np.count_nonzero(fresh))
-            self.draws.stale_updates += stale
+            draws.stale_updates += stale
             idx, values = idx[fresh], values[fresh]
         else:
             stale = 0
         self.tree.update(idx, values)
-        self.draws.applied_updates += len(idx)
+        draws.applied_updates += len(idx)
         return stale
 
     def _check_slots(self, idx: np.ndarray) -> None:
@@ -288,7 +287,7 @@ class IndexedReplayBuffer(ReplayBuffer):
         state.update(self.draws.state_dict(size), generations=torch.from_numpy(self.generations[:size].copy()))
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.draws.check_state(state)  # before anything changes
         super().load_state_dict(state)
         self.draws.load_state_dict(state)
