@@ -40,7 +40,7 @@ from ptl_rl._trees import to_numpy, tree_leaves, tree_map
 from ptl_rl.batch import CORE_FIELDS, TransitionBatch
 from ptl_rl.envpool import as_vector_env, check_autoreset_mode
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
-from ptl_rl.protocols import EnvStepAware, RankAware, RecurrentAgent, Stateful
+from ptl_rl.protocols import Agent, EnvStepAware, RankAware, RecurrentAgent, Stateful
 
 NEXT_STEP, SAME_STEP, DISABLED = "NextStep", "SameStep", "Disabled"
 _AUTORESET_MODES = (NEXT_STEP, SAME_STEP, DISABLED)
@@ -228,7 +228,7 @@ class ExperienceSource:
     def __init__(
         self,
         env: Any,
-        agent: Callable[[Any], Any],
+        agent: Agent,
         *,
         gamma: float = 0.99,
         seed: int | None = None,

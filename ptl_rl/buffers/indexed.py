@@ -20,7 +20,8 @@ import torch
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.draws import PriorityDraws, Schedule, SlotDraws
 from ptl_rl.buffers.replay import ReplayBuffer
-from ptl_rl.protocols import PartlySampleableStorage
+from ptl_rl.buffers.sumtree import SumTree
+from ptl_rl.protocols import PartlySampleableStorage, Storage
 
 # Fields the prioritized and sequence buffers add to sampled batches; stored data may not use them.
 SAMPLE_FIELDS = ("indices", "generations", "weights", "mask")
@@ -112,7 +113,7 @@ class IndexedReplayBuffer(ReplayBuffer):
         warmup: int | None,
         transitions_per_yield: int,
         seed: int | None,
-        storage: Callable[[int], Any] | None,
+        storage: Callable[[int], Storage] | None,
     ) -> None:
         super().__init__(
             upstream, capacity, warmup=warmup, transitions_per_yield=transitions_per_yield, seed=seed, storage=storage
@@ -142,7 +143,7 @@ class IndexedReplayBuffer(ReplayBuffer):
         return self.draws.prioritized
 
     @property
-    def tree(self) -> Any:
+    def tree(self) -> SumTree:
         """The sum-tree of draw weights (:class:`~ptl_rl.buffers.SumTree`): 0 for a slot never drawn."""
         return self.draws.tree
 

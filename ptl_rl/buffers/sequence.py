@@ -37,7 +37,7 @@ from ptl_rl._reprs import stage_repr
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.indexed import IndexedReplayBuffer, check_reserved_fields
 from ptl_rl.buffers.replay import restore_storage, storage_snapshot
-from ptl_rl.protocols import PartlySampleableStorage
+from ptl_rl.protocols import PartlySampleableStorage, Storage
 from ptl_rl.schedules import Schedule
 
 _REQUIRED_FIELDS = ("env_id", "terminated", "truncated")
@@ -118,7 +118,7 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
         warmup: int | None = None,
         transitions_per_yield: int = 1,
         seed: int | None = None,
-        storage: Callable[[int], Any] | None = None,
+        storage: Callable[[int], Storage] | None = None,
     ) -> None:
         if not isinstance(length, (int, np.integer)) or length < 1:
             raise ValueError(f"length must be an integer >= 1, got {length!r}")
