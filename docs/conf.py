@@ -65,6 +65,8 @@ nitpick_ignore_regex = [(r"py:.*", r"(?!ptl_rl\b).*"), (r"py:mod", r".*")]
 nitpick_ignore = [
     ("py:class", "ptl_rl.distributed.common.StalenessTracker"),
     ("py:func", "ptl_rl.buffers.persist.save_directory"),
+    # type variables: a signature's placeholder (find_stage returns an instance of the class it is given), no object
+    ("py:class", "ptl_rl.stages.StageT"),
 ]
 
 

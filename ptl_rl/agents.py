@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import numbers
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -17,6 +17,7 @@ from ptl_rl._checks import check_output_width, scores_width, static_output_width
 from ptl_rl._state import check_version, versioned
 from ptl_rl._trees import to_numpy
 from ptl_rl.distributions import ActionDistribution, ActionRescaler, Categorical, MultiCategorical, uniform_log_prob
+from ptl_rl.protocols import ObsTree
 from ptl_rl.ranks import rank_seed
 from ptl_rl.schedules import LinearSchedule, as_schedule
 from ptl_rl.selectors import EpsilonGreedySelector
@@ -42,7 +43,7 @@ class _DeviceOf:
         return probe.dtype if probe is not None and probe.is_floating_point() else torch.float32
 
 
-def obs_to_tensor(obs: Any, device: torch.device, float_dtype: torch.dtype = torch.float32) -> Any:
+def obs_to_tensor(obs: ObsTree, device: torch.device, float_dtype: torch.dtype = torch.float32) -> Any:
     """Numpy observations (array or dict of arrays) -> tensors on ``device``.
 
     Floating arrays become ``float_dtype`` (pass the network's dtype, e.g.
@@ -140,7 +141,7 @@ class DQNAgent:
             check_output_width("DQNAgent", width, action_space, "Q-values")
         self._num_actions, self._space = num_actions, action_space
 
-    def __call__(self, obs: Any) -> np.ndarray:
+    def __call__(self, obs: ObsTree) -> np.ndarray:
         # looked up at every call: a selector swapped in later (greedy for a while, say) is the one used
         select: Callable[[int, int, Callable[[], np.ndarray]], np.ndarray] | None = (
             getattr(self.selector, "select_lazily", None) if self._width_seen else None
@@ -176,7 +177,7 @@ class DQNAgent:
         hook = getattr(self.selector, "state_dict", None)
         return versioned({"selector": hook()} if hook is not None else {}, self.STATE_VERSION)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_version(state, self.STATE_VERSION, type(self).__name__)
         if "selector" in state:
             self.selector.load_state_dict(state["selector"])
@@ -254,7 +255,7 @@ class _GeneratorPerDevice:
     def state_dict(self) -> dict[str, Any]:
         return {str(device): generator.get_state() for device, generator in self._generators.items()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for device, generator_state in state.items():
             self(torch.device(device)).set_state(generator_state)
 
@@ -276,7 +277,7 @@ class _SeededAgentState:
         state = {"total_steps": self.total_steps, "generators": self._generator.state_dict()}
         return versioned(state, self.STATE_VERSION)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_version(state, self.STATE_VERSION, type(self).__name__)
         self.on_env_steps(int(state["total_steps"]))  # type: ignore[attr-defined]
         self._generator.load_state_dict(state["generators"])
@@ -372,7 +373,7 @@ class StochasticPolicyAgent(_SeededAgentState):
         self._num_scores, self._space = num_scores, space
 
     # ------------------------------------------------------------------ training-side helpers (with gradients)
-    def distribution(self, obs: Any) -> ActionDistribution:
+    def distribution(self, obs: ObsTree) -> ActionDistribution:
         """The policy at ``obs`` (numpy or tensors, leading dim B) under the current weights, with gradients."""
         dtype = self._actor_device.float_dtype()
         if not isinstance(obs, torch.Tensor) and not (isinstance(obs, dict) and _is_tensor_tree(obs)):
@@ -409,7 +410,7 @@ class StochasticPolicyAgent(_SeededAgentState):
         self.total_steps = int(total_steps)
 
     @torch.inference_mode()  # cheaper than no_grad; the outputs leave as numpy
-    def __call__(self, obs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def __call__(self, obs: ObsTree) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         dist = self.distribution(obs)
         action, log_prob = self._choose(dist)
         return self._outputs(action, log_prob, {})
@@ -478,7 +479,7 @@ class ActorCriticAgent(StochasticPolicyAgent):
         self.critic = critic
         self._critic_device = _DeviceOf(critic)
 
-    def critic_value(self, obs: Any) -> torch.Tensor:
+    def critic_value(self, obs: ObsTree) -> torch.Tensor:
         """Values float [B] of ``obs`` (tensors on the critic's device), with gradients."""
         dtype = self._critic_device.float_dtype()
         if not isinstance(obs, torch.Tensor) and not (isinstance(obs, dict) and _is_tensor_tree(obs)):
@@ -487,12 +488,12 @@ class ActorCriticAgent(StochasticPolicyAgent):
         return out.reshape(out.shape[0])
 
     @torch.inference_mode()  # cheaper than no_grad; the outputs leave as numpy
-    def value(self, obs: Any) -> np.ndarray:
+    def value(self, obs: ObsTree) -> np.ndarray:
         """Values float32 [B] of a batch of numpy observations (no gradients)."""
         return self.critic_value(obs).float().cpu().numpy()
 
     @torch.inference_mode()  # cheaper than no_grad; the outputs leave as numpy
-    def __call__(self, obs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def __call__(self, obs: ObsTree) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         obs_t = obs_to_tensor(obs, self._actor_device(), self._actor_device.float_dtype())
         dist = self.distribution(obs_t)
         action, log_prob = self._choose(dist)
@@ -545,7 +546,7 @@ class DeterministicActorAgent(_SeededAgentState):
         self.noise_std = float(self.schedule(total_steps))
 
     @torch.inference_mode()  # cheaper than no_grad; the outputs leave as numpy
-    def __call__(self, obs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def __call__(self, obs: ObsTree) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         device = self._actor_device()
         mean = self.actor(obs_to_tensor(obs, device, self._actor_device.float_dtype()))
         generator = self._generator(device)

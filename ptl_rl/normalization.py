@@ -34,7 +34,7 @@ before each save (see :mod:`ptl_rl.running_stats`). The decisions are in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
 import numpy as np
@@ -44,7 +44,7 @@ from torch import nn
 from ptl_rl._reprs import stage_repr
 from ptl_rl._state import check_version, versioned
 from ptl_rl.batch import TorchBatch, TransitionBatch
-from ptl_rl.protocols import NumberedStream, PerEnvStream
+from ptl_rl.protocols import Agent, NumberedStream, PerEnvStream
 from ptl_rl.running_stats import Moments, RunningStatistics
 from ptl_rl.stages import pipeline_stages
 
@@ -201,7 +201,7 @@ class ObservationNormalizer:
             for module in self._modules:
                 module.load(shift, scale)
 
-    def wrap_agent(self, agent: Callable[[Any], Any]) -> NormalizedAgent:
+    def wrap_agent(self, agent: Agent) -> NormalizedAgent:
         """``agent`` acting on observations normalized with these statistics, for evaluation envs (frozen)."""
         return NormalizedAgent(agent, self)
 
@@ -249,7 +249,7 @@ class NormalizedAgent:
     Every other attribute (``reset_state``, ``value``, ``set_rank``, ...) is the wrapped agent's.
     """
 
-    def __init__(self, agent: Callable[[Any], Any], normalizer: ObservationNormalizer) -> None:
+    def __init__(self, agent: Agent, normalizer: ObservationNormalizer) -> None:
         self.agent = agent
         self.normalizer = normalizer
 

@@ -25,7 +25,7 @@ pulled from it by someone else). ``n=1`` is a pass-through.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
 import numpy as np
@@ -551,7 +551,7 @@ class NStepTransform:
         """[E]: the ring slot of each env's most recent step."""
         return np.arange(len(self._head)) * self.n + (self._head - 1) % self.n
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_version(state, self.STATE_VERSION, type(self).__name__)
         self._sized_for_source = False  # the restored windows may be sized for fewer envs than the upstream has
         self._lock_ids, self._lock_phase, self._quiet, self._views = None, None, 0, None

@@ -133,9 +133,10 @@ def _same_space(a: spaces.Space, b: spaces.Space) -> bool:
     """Same kind, shape and dtype (and ``n`` of Discrete, keys of Dict); bounds are not compared."""
     if type(a) is not type(b):
         return False
-    if isinstance(a, spaces.Dict):
+    # (b's kind is tested too, though it is a's: `type(a) is type(b)` narrows a only)
+    if isinstance(a, spaces.Dict) and isinstance(b, spaces.Dict):
         return a.spaces.keys() == b.spaces.keys() and all(_same_space(a[k], b[k]) for k in a.spaces)
-    if isinstance(a, spaces.Discrete):
+    if isinstance(a, spaces.Discrete) and isinstance(b, spaces.Discrete):
         return int(a.n) == int(b.n) and int(a.start) == int(b.start)
     return a.shape == b.shape and np.dtype(a.dtype).kind == np.dtype(b.dtype).kind
 
@@ -375,7 +376,9 @@ class MinariSource:
         if len(lanes) == 0:
             raise StopIteration
         rows = self._pos[lanes]
-        fields = {name: tree_take(self._rows[name], rows) for name in _ROW_FIELDS}
+        loaded = self._rows
+        assert loaded is not None  # a busy lane reads rows that _fill_lanes loaded
+        fields = {name: tree_take(loaded[name], rows) for name in _ROW_FIELDS}
         batch = TransitionBatch(
             {
                 **fields,
@@ -384,7 +387,7 @@ class MinariSource:
             }
         )
         if self.with_episode_id:
-            batch["episode_id"] = self._rows["episode_id"].take(rows)
+            batch["episode_id"] = loaded["episode_id"].take(rows)
         self._pos[lanes] += 1
         ended = lanes[self._pos[lanes] == self._end[lanes]]
         self._busy[ended] = False
@@ -588,15 +591,18 @@ def _spec_of(env: Any) -> Any:
 _RECORDED_FIELDS = ("obs", "action", "reward", "terminated", "truncated")
 
 
-def _rows_equal(a: Any, b: Any) -> np.ndarray:
-    """Row-wise equality of two (dicts of) arrays [B, ...] -> bool [B]; NaN equals NaN."""
-    result = None
+def _rows_equal(a: Any, b: Any, rows: int) -> np.ndarray:
+    """Row-wise equality of two (dicts of) arrays [B, ...] (``rows`` = B) -> bool [B]; NaN equals NaN.
+
+    ``rows`` is passed, not read from a leaf: a tree without leaves (an empty Dict observation) has B rows
+    that are all equal.
+    """
+    result = np.ones(rows, dtype=bool)
     for (_, x), (_, y) in zip(tree_leaves(a), tree_leaves(b), strict=True):
         same = x == y
         if x.dtype.kind in "fc":
             same |= np.isnan(x) & np.isnan(y)
-        same = same.reshape(len(same), -1).all(axis=1)
-        result = same if result is None else result & same
+        result &= same.reshape(len(same), -1).all(axis=1)
     return result
 
 
@@ -671,17 +677,21 @@ class MinariRecorder:
         self.partial_episodes = partial_episodes
         self.flush_every = int(flush_every)
         self._minari = minari
-        self._env = env if env is not None else getattr(upstream, "env", None)
-        if self._env is None and (observation_space is None or action_space is None):
-            raise ValueError(
-                "MinariRecorder needs the env's spaces: pass env=..., or observation_space= and action_space=, "
-                "or record an ExperienceSource (its env is used)"
-            )
-        vector = self._env is not None and hasattr(self._env, "single_observation_space")
-        self._observation_space = observation_space or (
-            self._env.single_observation_space if vector else self._env.observation_space
-        )
-        self._action_space = action_space or (self._env.single_action_space if vector else self._env.action_space)
+        self._env = env = env if env is not None else getattr(upstream, "env", None)
+        # `is None`, not `or`: a space can be falsy (an empty Dict has len 0) and is still the one asked for
+        if observation_space is None or action_space is None:
+            if env is None:
+                raise ValueError(
+                    "MinariRecorder needs the env's spaces: pass env=..., or observation_space= and action_space=, "
+                    "or record an ExperienceSource (its env is used)"
+                )
+            vector = hasattr(env, "single_observation_space")
+            if observation_space is None:
+                observation_space = env.single_observation_space if vector else env.observation_space
+            if action_space is None:
+                action_space = env.single_action_space if vector else env.action_space
+        self._observation_space: spaces.Space = observation_space
+        self._action_space: spaces.Space = action_space
         _check_space_kind(self._observation_space, "observation", self.dataset_id)
         _check_space_kind(self._action_space, "action", self.dataset_id)
         self._metadata = {"algorithm_name": "ptl_rl.MinariRecorder", **metadata}
@@ -773,7 +783,9 @@ class MinariRecorder:
         length = self._length[env]
         running = np.flatnonzero(length > 0)
         if len(running):
-            same = _rows_equal(tree_take(self._last_next_obs, env[running]), tree_take(batch["obs"], running))
+            same = _rows_equal(
+                tree_take(self._last_next_obs, env[running]), tree_take(batch["obs"], running), len(running)
+            )
             if not same.all():
                 bad = int(env[running[~same][0]])
                 raise ValueError(
@@ -782,9 +794,9 @@ class MinariRecorder:
                     "an ExperienceSource directly (ExperienceSource -> MinariRecorder -> NStepTransform), not "
                     "n-step or sampled batches"
                 )
-        self._grow_steps(int(length.max()) + 1)
+        steps = self._grow_steps(int(length.max()) + 1)
         for name in _RECORDED_FIELDS:
-            tree_assign(self._steps[name], (env, length), batch[name])
+            tree_assign(steps[name], (env, length), batch[name])
         tree_assign(self._last_next_obs, env, batch["next_obs"])
         self._length[env] = length + 1
         ended = np.flatnonzero(np.asarray(batch["terminated"]) | np.asarray(batch["truncated"]))
@@ -810,7 +822,9 @@ class MinariRecorder:
     def _finish(self, env: int, truncate: bool) -> None:
         """Queue env ``env``'s episode (copies of its steps and final observation) and empty its slot."""
         length = int(self._length[env])
-        steps = {name: tree_map(lambda a: a[env, :length].copy(), s) for name, s in self._steps.items()}
+        recorded = self._steps
+        assert recorded is not None  # an episode to finish has steps, recorded into the allocated arrays
+        steps = {name: tree_map(lambda a: a[env, :length].copy(), s) for name, s in recorded.items()}
         final = tree_map(lambda a: a[env : env + 1].copy(), self._last_next_obs)
         if truncate:
             steps["truncated"][-1] = True
@@ -885,8 +899,9 @@ class MinariRecorder:
 
     # ------------------------------------------------------------------ storage
     def _ensure_capacity(self, batch: TransitionBatch, num_envs: int) -> None:
-        if self._steps is None:
-            self._steps = {
+        steps = self._steps
+        if steps is None:
+            self._steps = steps = {
                 name: tree_map(lambda a: np.zeros((0, 0, *a.shape[1:]), dtype=a.dtype), batch[name])
                 for name in _RECORDED_FIELDS
             }
@@ -896,24 +911,28 @@ class MinariRecorder:
         grow = num_envs - len(self._length)
         self._steps = {
             name: tree_map(lambda a: np.concatenate([a, np.zeros((grow, *a.shape[1:]), a.dtype)]), s)
-            for name, s in self._steps.items()
+            for name, s in steps.items()
         }
         self._last_next_obs = tree_map(
             lambda a: np.concatenate([a, np.zeros((grow, *a.shape[1:]), a.dtype)]), self._last_next_obs
         )
         self._length = np.concatenate([self._length, np.zeros(grow, dtype=np.int64)])
 
-    def _grow_steps(self, needed: int) -> None:
-        capacity = self._steps["reward"].shape[1]
+    def _grow_steps(self, needed: int) -> dict[str, Any]:
+        """Room for ``needed`` steps per env; returns the step arrays (``_ensure_capacity`` allocated them)."""
+        steps = self._steps
+        assert steps is not None  # allocated by _ensure_capacity, which runs first
+        capacity = steps["reward"].shape[1]
         if needed <= capacity:
-            return
+            return steps
         size = max(needed, 2 * capacity, 64)  # doubling: an episode of T steps costs O(log T) copies
-        self._steps = {
+        self._steps = steps = {
             name: tree_map(
                 lambda a: np.concatenate([a, np.zeros((a.shape[0], size - a.shape[1], *a.shape[2:]), a.dtype)], 1), s
             )
-            for name, s in self._steps.items()
+            for name, s in steps.items()
         }
+        return steps
 
     # ------------------------------------------------------------------ repr
     def __repr__(self) -> str:

@@ -29,16 +29,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 
 if TYPE_CHECKING:
+    import torch
+
     from ptl_rl.batch import TransitionBatch
     from ptl_rl.source import Episode
 
 __all__ = [
     "Agent",
+    "ObsTree",
     "Critic",
     "EnvStepAware",
     "EpisodeCounter",
@@ -58,6 +61,12 @@ __all__ = [
     "implements",
     "missing_members",
 ]
+
+
+#: A batch of observations: an array ``[N, *obs_shape]`` (numpy from a source; torch in a learner, from a
+#: :class:`~ptl_rl.batch.TorchBatch`), or a (nested) dict of such arrays, as a ``Dict`` observation space gives.
+#: (A string: the alias refers to itself, and torch is imported for the checker only.)
+ObsTree: TypeAlias = "np.ndarray | torch.Tensor | Mapping[str, ObsTree]"
 
 
 # ---------------------------------------------------------------------------- stages
@@ -279,7 +288,8 @@ class Agent(Protocol):
     per vector step, with the learner's current weights.
     """
 
-    def __call__(self, obs: Any) -> Any: ...
+    # positional-only: the source passes obs by position, so any one-argument callable (a lambda) is an agent
+    def __call__(self, obs: Any, /) -> Any: ...
 
 
 @runtime_checkable
@@ -324,7 +334,10 @@ def implements(obj: Any, protocol: type) -> bool:
     gains methods per instance (``__getattr__`` forwarding, as a wrapped
     agent does) needs ``isinstance`` instead.
     """
-    return _class_implements(type(obj), protocol)
+    # (annotated as plain `type`: mypy checks `type[X]` against the cache's Hashable key through X's unbound
+    # __hash__ and refuses it, though every class is hashable)
+    kind: type = type(obj)
+    return _class_implements(kind, protocol)
 
 
 @functools.cache

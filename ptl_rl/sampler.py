@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
 import torch
@@ -126,7 +126,7 @@ class BatchSampler:
         """Nothing but the format version: the sampling RNG lives in the buffer."""
         return versioned({}, self.STATE_VERSION)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_version(state, self.STATE_VERSION, type(self).__name__)
 
 

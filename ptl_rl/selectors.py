@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -81,7 +81,7 @@ class EpsilonGreedySelector:
     def state_dict(self) -> dict[str, Any]:
         return versioned({"rng": self.rng.bit_generator.state, "epsilon": self.epsilon}, self.STATE_VERSION)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_version(state, self.STATE_VERSION, type(self).__name__)
         self.rng.bit_generator.state = state["rng"]
         self.epsilon = float(state["epsilon"])

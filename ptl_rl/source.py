@@ -29,7 +29,7 @@ import functools
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from ptl_rl._trees import to_numpy, tree_leaves, tree_map
 from ptl_rl.batch import CORE_FIELDS, TransitionBatch
 from ptl_rl.envpool import as_vector_env, check_autoreset_mode
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
-from ptl_rl.protocols import EnvStepAware, RankAware, RecurrentAgent, Stateful
+from ptl_rl.protocols import Agent, EnvStepAware, RankAware, RecurrentAgent, Stateful
 
 NEXT_STEP, SAME_STEP, DISABLED = "NextStep", "SameStep", "Disabled"
 _AUTORESET_MODES = (NEXT_STEP, SAME_STEP, DISABLED)
@@ -56,7 +56,7 @@ class Episode(NamedTuple):
     total_steps: int
 
 
-def _saves_agent_state(agent: Any) -> bool:
+def _saves_agent_state(agent: object) -> TypeGuard[Stateful]:
     """Whether the source checkpoints ``agent``'s state: a Stateful agent, except a torch module.
 
     A module's ``state_dict`` is its weights, which live in the LightningModule's own checkpoint.
@@ -107,7 +107,7 @@ def _finite_or_none(tree: Any) -> tuple[str, np.ndarray] | None:
             return None
         if math.isfinite(tree.reshape(-1).dot(_zeros(tree.size, tree.dtype))):
             return None
-        rows = (~np.isfinite(tree.reshape(len(tree), -1))).any(axis=1).nonzero()[0]
+        rows = np.flatnonzero((~np.isfinite(tree.reshape(len(tree), -1))).any(axis=1))
         return ("", rows) if len(rows) else None
     for path, leaf in tree_leaves(tree):
         bad = _finite_or_none(np.asarray(leaf))
@@ -228,7 +228,7 @@ class ExperienceSource:
     def __init__(
         self,
         env: Any,
-        agent: Callable[[Any], Any],
+        agent: Agent,
         *,
         gamma: float = 0.99,
         seed: int | None = None,
@@ -432,7 +432,15 @@ class ExperienceSource:
         self._pending_episodes.clear()
         self._obs = None  # forces a fresh reset of every sub-env on the next step
         if "agent" in state:  # exploration resumes where it was: epsilon, noise scale, RNG states
-            self.agent.load_state_dict(state["agent"])
+            agent = self.agent
+            if not _saves_agent_state(agent):
+                raise TypeError(
+                    f"the checkpoint holds the state of a Stateful agent, but this source's agent "
+                    f"({type(agent).__name__}) has no state_dict/load_state_dict of its own (or is a torch module, "
+                    "whose weights live in the LightningModule's checkpoint): build the source with the kind of "
+                    "agent the checkpoint was saved with"
+                )
+            agent.load_state_dict(state["agent"])
 
     # ------------------------------------------------------------------ internals
     def _reset_seeds(self) -> list[int] | None:
@@ -504,8 +512,8 @@ class ExperienceSource:
         return self._action_batch_shape is None and actions.ndim > 0 and actions.shape[0] == self.num_envs
 
     def _checked_extras(self, extras: Mapping[str, Any]) -> dict[str, Any]:
-        extras = to_numpy(dict(extras))
-        for name, value in extras.items():
+        arrays: dict[str, Any] = to_numpy(dict(extras))
+        for name, value in arrays.items():
             if name in CORE_FIELDS:
                 raise ValueError(f"agent extra {name!r} collides with a core field; rename it")
             for _, leaf in tree_leaves(value):
@@ -514,7 +522,7 @@ class ExperienceSource:
                         f"agent extra {name!r} has shape {leaf.shape}; "
                         f"expected a leading dimension of {self.num_envs} (one row per env)"
                     )
-        return extras
+        return arrays
 
     def _env_step(self, actions: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         try:
@@ -543,7 +551,7 @@ class ExperienceSource:
         actions, extras = self._act()
         obs, reward, terminated, truncated, info = self._env_step(actions)
         done = terminated | truncated
-        any_done = np.count_nonzero(done) > 0
+        any_done = int(np.count_nonzero(done)) > 0  # (a Python bool: the stubs type the count as np.intp)
         next_obs = self._final_obs_from_info(obs, done, info) if any_done and self.autoreset_mode == SAME_STEP else obs
         raw_reward = reward
         reward = np.asarray(reward, dtype=np.float32)
@@ -720,7 +728,7 @@ class ExperienceSource:
         """
         state = getattr(self.env, "_state", None)
         value = getattr(state, "value", "default")
-        if value == "default":
+        if state is None or value == "default":  # (None has no value: the same test, said for the checker)
             return
         try:
             getattr(self.env, f"{value}_wait")(timeout=_ASYNC_DRAIN_TIMEOUT_S)

@@ -6,11 +6,13 @@ stage of your own is walked, checkpointed and found like ptl_rl's.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from ptl_rl.protocols import EpisodeCounter, ReplayStage, Stage, Stateful
 
 PIPELINE_STATE_VERSION = 1
+
+StageT = TypeVar("StageT")
 
 
 def pipeline_stages(last: Any) -> list[Any]:
@@ -30,7 +32,7 @@ def pipeline_stages(last: Any) -> list[Any]:
     return stages[::-1]
 
 
-def find_stage(last: Any, kind: type) -> Any:
+def find_stage(last: Any, kind: type[StageT]) -> StageT:
     """The first stage of type ``kind`` in the pipeline ending at ``last``."""
     for stage in pipeline_stages(last):
         if isinstance(stage, kind):

@@ -17,7 +17,7 @@ the weights, draws, and (prioritized) turns priorities into weights.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -64,7 +64,8 @@ class SlotDraws:
         self.batches_sampled += 1
         indices, leaves = self.tree.sample(rng.random(batch_size), self.stratified)
         if sampleable is not None:
-            draw = lambda count: self.tree.sample(rng.random(count), False)  # noqa: E731
+            # (int(): the lambda's untyped count would pick the stubs' float-returning overload of random)
+            draw = lambda count: self.tree.sample(rng.random(int(count)), False)  # noqa: E731
             indices, leaves = redraw_unsampleable(sampleable, (indices, leaves), draw)
         return indices, None if beta is None else self._importance_weights(leaves, beta)
 
@@ -78,10 +79,10 @@ class SlotDraws:
         """The weights of the first ``size`` slots and the draw counter (``weights_only``-safe)."""
         return {"priorities": torch.from_numpy(self.tree.leaves[:size].copy()), "batches_sampled": self.batches_sampled}
 
-    def check_state(self, state: dict[str, Any]) -> None:
+    def check_state(self, state: Mapping[str, Any]) -> None:
         """Raise if ``state`` cannot be loaded into this strategy (a hook; nothing to check here)."""
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.tree.set_all(state["priorities"].numpy())
         self.batches_sampled = int(state["batches_sampled"])
 
@@ -197,7 +198,7 @@ class PriorityDraws(SlotDraws):
         state.update(alpha=self.alpha, stale_updates=self.stale_updates, applied_updates=self.applied_updates)
         return state
 
-    def check_state(self, state: dict[str, Any]) -> None:
+    def check_state(self, state: Mapping[str, Any]) -> None:
         """Raise if ``state`` was saved with another ``alpha`` (its weights are raised to that alpha)."""
         if float(state.get("alpha", 0.0)) != self.alpha:
             raise ValueError(
@@ -205,7 +206,7 @@ class PriorityDraws(SlotDraws):
                 "stored priorities are raised to alpha, so create the buffer with the checkpoint's alpha"
             )
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.check_state(state)
         super().load_state_dict(state)
         self.stale_updates = int(state["stale_updates"])

@@ -26,7 +26,7 @@ every goal a strategy may pick is stored whenever the step is drawn.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,7 @@ from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.episodes import EpisodeIndex, EpisodePlan
 from ptl_rl.buffers.indexed import IndexedReplayBuffer, check_reserved_fields
 from ptl_rl.buffers.replay import restore_storage, storage_snapshot
+from ptl_rl.buffers.storage import ArrayStorage
 
 STRATEGIES = ("future", "final", "episode")
 RELABELED = "relabeled"  # the bool field a sampled batch carries: which rows got a hindsight goal
@@ -108,6 +109,8 @@ class HERReplayBuffer(IndexedReplayBuffer):
         >>> batch.reward  # recomputed for the relabeled rows: the last step reached goal 3
         array([-1., -1., -1., -1., -1.,  0.], dtype=float32)
     """
+
+    storage: ArrayStorage  # always (the buffer builds its own), so its ``fields`` are there to read
 
     def __init__(
         self,
@@ -256,6 +259,7 @@ class HERReplayBuffer(IndexedReplayBuffer):
             self._apply(*planned)
             self._journal = None
             return
+        assert batch is not None  # a journal without a plan is an add's, which holds its batch
         storage = self.storage
         if saved is None:  # cut short while taking the snapshot: nothing was written
             saved = storage_snapshot(storage)
@@ -317,7 +321,9 @@ class HERReplayBuffer(IndexedReplayBuffer):
     def _relabel(self, batch: TransitionBatch, rows: np.ndarray, slots: np.ndarray) -> None:
         """Give ``rows`` of ``batch`` (drawn from ``slots``) a goal from their episode, and its reward."""
         _, goal_slots = self.episodes.goal_steps(slots, self.strategy, self.rng)
-        goals = self.storage.fields["next_obs"][self.achieved_goal_key].take(goal_slots, axis=0)
+        stored = self.storage.fields
+        assert stored is not None  # the rows to relabel were sampled from stored ones
+        goals = stored["next_obs"][self.achieved_goal_key].take(goal_slots, axis=0)
         batch["obs"][self.desired_goal_key][rows] = goals
         batch["next_obs"][self.desired_goal_key][rows] = goals
         achieved = batch["next_obs"][self.achieved_goal_key][rows]
@@ -337,7 +343,7 @@ class HERReplayBuffer(IndexedReplayBuffer):
         state["episodes"] = self.episodes.state_dict(len(self.storage))
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a saved state. Episodes in flight are ended: the source starts new ones after a restore."""
         if "episodes" not in state:
             raise ValueError(

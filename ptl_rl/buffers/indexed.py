@@ -11,7 +11,7 @@ slots are drawn, and how, is the business of a draw strategy
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 import numpy as np
@@ -20,7 +20,8 @@ import torch
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.draws import PriorityDraws, Schedule, SlotDraws
 from ptl_rl.buffers.replay import ReplayBuffer
-from ptl_rl.protocols import PartlySampleableStorage
+from ptl_rl.buffers.sumtree import SumTree
+from ptl_rl.protocols import PartlySampleableStorage, Storage
 
 # Fields the prioritized and sequence buffers add to sampled batches; stored data may not use them.
 SAMPLE_FIELDS = ("indices", "generations", "weights", "mask")
@@ -112,7 +113,7 @@ class IndexedReplayBuffer(ReplayBuffer):
         warmup: int | None,
         transitions_per_yield: int,
         seed: int | None,
-        storage: Callable[[int], Any] | None,
+        storage: Callable[[int], Storage] | None,
     ) -> None:
         super().__init__(
             upstream, capacity, warmup=warmup, transitions_per_yield=transitions_per_yield, seed=seed, storage=storage
@@ -142,7 +143,7 @@ class IndexedReplayBuffer(ReplayBuffer):
         return self.draws.prioritized
 
     @property
-    def tree(self) -> Any:
+    def tree(self) -> SumTree:
         """The sum-tree of draw weights (:class:`~ptl_rl.buffers.SumTree`): 0 for a slot never drawn."""
         return self.draws.tree
 
@@ -234,8 +235,7 @@ class IndexedReplayBuffer(ReplayBuffer):
         ``ValueError`` says what is wrong and nothing is changed.
         """
         idx = to_numpy_1d(indices, "indices", np.int64)
-        if not self.prioritized:
-            raise TypeError(f"this {type(self).__name__} samples uniformly; create it with prioritized=True")
+        draws = self._priority_draws()  # a TypeError for a buffer that samples uniformly
         values = to_numpy_1d(priorities, "priorities", np.float64)
         if values.shape != idx.shape:
             raise ValueError(
@@ -243,7 +243,7 @@ class IndexedReplayBuffer(ReplayBuffer):
                 "row, in the batch's order (reduce per-step errors of sequences to one value per row). "
                 "The priorities are unchanged."
             )
-        values = self.draws.weights_of(values)
+        values = draws.weights_of(values)
         self._check_slots(idx)
         fresh = None
         if generations is not None:
@@ -254,12 +254,12 @@ class IndexedReplayBuffer(ReplayBuffer):
         self._check_targets(idx if fresh is None else idx[fresh])
         if fresh is not None and not fresh.all():
             stale = int(len(idx) - np.count_nonzero(fresh))
-            self.draws.stale_updates += stale
+            draws.stale_updates += stale
             idx, values = idx[fresh], values[fresh]
         else:
             stale = 0
         self.tree.update(idx, values)
-        self.draws.applied_updates += len(idx)
+        draws.applied_updates += len(idx)
         return stale
 
     def _check_slots(self, idx: np.ndarray) -> None:
@@ -288,7 +288,7 @@ class IndexedReplayBuffer(ReplayBuffer):
         state.update(self.draws.state_dict(size), generations=torch.from_numpy(self.generations[:size].copy()))
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.draws.check_state(state)  # before anything changes
         super().load_state_dict(state)
         self.draws.load_state_dict(state)

@@ -21,7 +21,6 @@ its update is ignored and counted in :attr:`PrioritizedReplayBuffer.stale_update
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import numpy as np
 
@@ -34,6 +33,7 @@ from ptl_rl.buffers.indexed import (
     check_reserved_fields,
     to_numpy_1d,
 )
+from ptl_rl.protocols import Storage
 from ptl_rl.schedules import Schedule
 
 __all__ = ["SAMPLE_FIELDS", "PrioritizedReplayBuffer", "PriorityFeedback", "Schedule", "to_numpy_1d"]
@@ -97,7 +97,7 @@ class PrioritizedReplayBuffer(IndexedReplayBuffer):
         warmup: int | None = None,
         transitions_per_yield: int = 1,
         seed: int | None = None,
-        storage: Callable[[int], Any] | None = None,
+        storage: Callable[[int], Storage] | None = None,
     ) -> None:
         super().__init__(
             upstream,

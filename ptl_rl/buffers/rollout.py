@@ -45,7 +45,7 @@ collected before the last update of the previous one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -216,14 +216,14 @@ class RolloutBuffer:
             self._start_rollout()
         rows = self._schedule[self._served]
         self._served += 1
-        batch = self.rollout.rows(rows)
+        rollout = self.rollout
+        assert rollout is not None  # a schedule to serve exists only with its rollout (_start_rollout sets both)
+        batch = rollout.rows(rows)
         if self.normalize_advantage == "minibatch":
             batch["advantage"] = _normalized(batch["advantage"])
         return batch.to_torch(self.device)
 
     def _start_rollout(self) -> None:
-        if self.upstream is None:
-            raise TypeError("this RolloutBuffer has no upstream to pull from; use add() and finish()")
         rollout = self.collect()
         if self.normalize_advantage == "rollout":
             rollout["advantage"] = _normalized(rollout["advantage"])
@@ -242,9 +242,12 @@ class RolloutBuffer:
     # ------------------------------------------------------------------ collection
     def collect(self) -> TransitionBatch:
         """Clear, pull from upstream until every env holds ``steps_per_env`` rows, and :meth:`finish`."""
+        upstream = self.upstream
+        if upstream is None:
+            raise TypeError("this RolloutBuffer has no upstream to pull from; use add() and finish()")
         self.clear()
         while self._count.min() < self.steps_per_env:
-            self.add(next(self.upstream))
+            self.add(next(upstream))
         self.rollouts_collected += 1
         return self.finish()
 
@@ -258,11 +261,12 @@ class RolloutBuffer:
         size = len(batch)
         if size == 0:
             return
-        if self._fields is None:
-            self._allocate(batch)
-        elif batch.keys() != self._fields.keys():
+        fields = self._fields
+        if fields is None:
+            fields = self._allocate(batch)
+        elif batch.keys() != fields.keys():
             raise ValueError(
-                f"batch fields {sorted(batch.keys())} differ from the rollout's {sorted(self._fields)}; "
+                f"batch fields {sorted(batch.keys())} differ from the rollout's {sorted(fields)}; "
                 "every batch of a rollout must carry the same fields and agent extras"
             )
         env = np.asarray(batch["env_id"]) % self.num_envs
@@ -272,7 +276,7 @@ class RolloutBuffer:
             if row >= self.capacity_per_env:
                 self._overflow()
             self._count += 1
-            stores: dict[str, Any] = self._fields
+            stores: dict[str, Any] = fields
             index: Any = row
         else:
             # envs at different positions (next-step autoreset dropped rows): scatter into the flat views
@@ -299,7 +303,8 @@ class RolloutBuffer:
             f"steps_per_env={self.steps_per_env}; raise capacity_per_env"
         )
 
-    def _allocate(self, batch: TransitionBatch) -> None:
+    def _allocate(self, batch: TransitionBatch) -> dict[str, Any]:
+        """Allocate the field arrays [capacity_per_env, N, ...] for ``batch``'s fields; returns them (``_fields``)."""
         needed = ("obs", "reward", "next_obs", "terminated", "truncated", "discount", "env_id")
         missing = [name for name in needed if name not in batch]
         if missing:
@@ -311,6 +316,7 @@ class RolloutBuffer:
         }
         rows = shape[0] * shape[1]
         self._flat = {name: tree_map(lambda a: a.reshape(rows, *a.shape[2:]), v) for name, v in self._fields.items()}
+        return self._fields
 
     # ------------------------------------------------------------------ GAE
     def finish(self, value_fn: ValueFn | None = None) -> TransitionBatch:
@@ -373,7 +379,7 @@ class RolloutBuffer:
         state = {"rng": self.rng.bit_generator.state, "rollouts_collected": self.rollouts_collected}
         return versioned(state, self.STATE_VERSION)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_version(state, self.STATE_VERSION, type(self).__name__)
         self.rng.bit_generator.state = state["rng"]
         self.rollouts_collected = int(state["rollouts_collected"])

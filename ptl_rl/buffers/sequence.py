@@ -27,7 +27,7 @@ priority among the current starts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 import numpy as np
@@ -37,7 +37,7 @@ from ptl_rl._reprs import stage_repr
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.indexed import IndexedReplayBuffer, check_reserved_fields
 from ptl_rl.buffers.replay import restore_storage, storage_snapshot
-from ptl_rl.protocols import PartlySampleableStorage
+from ptl_rl.protocols import PartlySampleableStorage, Storage
 from ptl_rl.schedules import Schedule
 
 _REQUIRED_FIELDS = ("env_id", "terminated", "truncated")
@@ -118,7 +118,7 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
         warmup: int | None = None,
         transitions_per_yield: int = 1,
         seed: int | None = None,
-        storage: Callable[[int], Any] | None = None,
+        storage: Callable[[int], Storage] | None = None,
     ) -> None:
         if not isinstance(length, (int, np.integer)) or length < 1:
             raise ValueError(f"length must be an integer >= 1, got {length!r}")
@@ -218,7 +218,7 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
         if self._journal is None:
             return
         saved, per_env, batch = self._journal
-        if saved is None:  # cut short while taking the snapshots: nothing was written yet
+        if saved is None or per_env is None:  # cut short while taking the snapshots (both or neither are set)
             saved, per_env = storage_snapshot(self.storage), self._per_env_state()
         restore_storage(self.storage, saved)
         self._env_steps, self._episode_start, self._recent_slot, self._recent_gen = (a.copy() for a in per_env)
@@ -459,7 +459,7 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
         )
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a saved state. Episodes in flight are closed: the source starts new ones after a restore."""
         if tuple(state["recent_slot"].shape[1:]) != (self.length,):
             raise ValueError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -50,7 +51,7 @@ class ShuffledPasses:
         state = {"order": torch.from_numpy(self.order.copy()), "position": self.position, "passes": self.passes}
         return versioned(state, self.STATE_VERSION)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_version(state, self.STATE_VERSION, type(self).__name__)
         self.order = state["order"].numpy().copy()
         self.position = int(state["position"])

@@ -27,7 +27,7 @@ Read it top to bottom, CleanRL style:
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gymnasium import spaces
 
@@ -67,6 +67,9 @@ from torch import nn
 import ptl_rl
 from ptl_rl.examples import harness
 
+if TYPE_CHECKING:
+    from lightning_fabric.utilities.data import AttributeDict
+
 
 # ---------------------------------------------------------------------------- networks
 def layer_init(layer: nn.Linear, gain: float = np.sqrt(2)) -> nn.Linear:
@@ -96,6 +99,8 @@ def actor_critic(obs_dim: int, action_space: gym.Space, hidden: int) -> tuple[nn
 
 # ---------------------------------------------------------------------------- learner
 class A2C(pl.LightningModule):
+    hparams: AttributeDict  # what save_hyperparameters() makes it (Lightning's property is typed wider)
+
     def __init__(self, obs_dim: int, action_space: gym.Space, args: argparse.Namespace) -> None:
         super().__init__()
         self.save_hyperparameters(vars(args))
@@ -137,7 +142,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train, then evaluate the final weights; returns the run's summary (see ``harness.run``)."""
     harness.set_up(args)
     env = make_env(args.env_id, args.num_envs)
-    obs_dim = int(np.prod(env.single_observation_space.shape))
+    obs_dim = harness.flat_size(env.single_observation_space)
     model = A2C(obs_dim, env.single_action_space, args)
 
     # ExperienceSource -> RolloutBuffer: 5 steps per env, returns and advantages, the rollout as one batch

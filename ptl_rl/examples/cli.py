@@ -39,9 +39,15 @@ BURST_HELP = (
 )
 
 
+class ExampleParser(argparse.ArgumentParser):
+    """argparse's parser, and whether its example trains online (:func:`parse` checks the env-step flags then)."""
+
+    online: bool = True
+
+
 def example_parser(
     name: str, doc: str, *, default_env: str, default_env_steps: int = 0, online: bool = True
-) -> argparse.ArgumentParser:
+) -> ExampleParser:
     """A parser whose usage line says ``python -m ptl_rl.examples.<name>``, with the flags every example shares.
 
     Groups: run (env, budget, seed, threads, accelerator), limits (``--time-limit``,
@@ -52,7 +58,7 @@ def example_parser(
     env-step budget, the sub-envs, the periodic evaluation and the videos: the
     env is only played in the final evaluation.
     """
-    parser = argparse.ArgumentParser(
+    parser = ExampleParser(
         prog=f"python -m ptl_rl.examples.{name}",
         description=doc.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -256,7 +262,8 @@ def check_video(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             env.close()
     except Exception as error:  # noqa: BLE001 - any failure to render is the user's to fix before training
         parser.error(f"--video-every: {args.env_id} cannot render rgb_array frames: {type(error).__name__}: {error}")
-    if not hasattr(frame, "shape") or len(frame.shape) != 3:
+    shape = getattr(frame, "shape", None)  # (an array's; render()'s declared type is wider)
+    if shape is None or len(shape) != 3:
         parser.error(f"--video-every: {args.env_id} renders {type(frame).__name__}, not rgb_array frames [H, W, 3]")
 
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gymnasium import spaces
 
@@ -133,7 +133,6 @@ if __name__ == "__main__":
     ARGS = parse_args()  # --help and argument errors end here, in about a second
 
 import gymnasium as gym
-import numpy as np
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
@@ -142,6 +141,9 @@ from torch import nn
 import ptl_rl
 from ptl_rl.examples import harness
 from ptl_rl.examples.burst import replay_stage
+
+if TYPE_CHECKING:
+    from lightning_fabric.utilities.data import AttributeDict
 
 
 # ---------------------------------------------------------------------------- Q-network
@@ -191,6 +193,8 @@ class DuelingQNetwork(nn.Module):
 
 # ---------------------------------------------------------------------------- learner
 class DQN(pl.LightningModule):
+    hparams: AttributeDict  # what save_hyperparameters() makes it (Lightning's property is typed wider)
+
     def __init__(
         self,
         obs_dim: int,
@@ -208,7 +212,7 @@ class DQN(pl.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False  # training_step takes its gradient step itself
-        self.q_net = (DuelingQNetwork if dueling else QNetwork)(obs_dim, num_actions, hidden)
+        self.q_net: nn.Module = (DuelingQNetwork if dueling else QNetwork)(obs_dim, num_actions, hidden)
         self.target_net = ptl_rl.TargetNet(self.q_net)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -243,7 +247,7 @@ class DQN(pl.LightningModule):
         loss = q_taken = None
         for one in batches:
             loss, q_taken = self.gradient_step(one)
-        if loss is None:  # the pipeline ended before this group's first batch
+        if loss is None or q_taken is None:  # the pipeline ended before this group's first batch (both or neither)
             return None
         if batch_idx % self.hparams.log_every == 0:  # a Lightning self.log costs about as much as a gradient step
             self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
@@ -286,8 +290,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train, then evaluate the final weights on fresh episodes; returns the run's summary (see ``harness.run``)."""
     harness.set_up(args)
     env = make_env(args.env_id, args.num_envs)
-    obs_dim = int(np.prod(env.single_observation_space.shape))
-    num_actions = int(env.single_action_space.n)
+    obs_dim = harness.flat_size(env.single_observation_space)
+    num_actions = harness.num_actions(env.single_action_space)
     model = DQN(
         obs_dim,
         num_actions,
@@ -315,6 +319,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         transitions_per_yield=args.train_freq,
         seed=args.seed,
     )
+    buffer: ptl_rl.ReplayBuffer
     if args.prioritized:
         # beta runs from --beta-start to 1 over the budget, clocked by the transitions stored (= env steps)
         beta = ptl_rl.LinearSchedule(args.beta_start, 1.0, args.env_steps)

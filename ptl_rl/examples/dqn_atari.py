@@ -102,14 +102,14 @@ def make_single_env(env_id: str, frame_stack: int, render_mode: str | None = Non
     not the 84x84 grey frames the network sees.
     """
     # only when asked: gymnasium hands render_mode=None on to the env's constructor, which may not take it
-    render = {} if render_mode is None else {"render_mode": render_mode}
+    render: dict[str, Any] = {} if render_mode is None else {"render_mode": render_mode}
     if not env_id.startswith("ALE/"):
         return gym.make(env_id, **render)
     # frameskip=1 in the emulator: AtariPreprocessing skips 4 and max-pools the last two frames, as in the paper;
     # repeat_action_probability=0 makes it the deterministic *NoFrameskip-v4 setting the references report on
     env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0, **render)
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
-    env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))  # reward clipping (Nature DQN)
+    env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(float(r))))  # reward clipping (Nature DQN)
     return gym.wrappers.FrameStackObservation(env, frame_stack)
 
 
@@ -186,9 +186,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     harness.set_up(args)
     env = make_env(args.env_id, args.num_envs, args.frame_stack)
     obs_space = env.single_observation_space
-    num_actions = int(env.single_action_space.n)
+    if not isinstance(obs_space, gym.spaces.Box):  # FrameStackObservation's stacks: a Box [stack, 84, 84]
+        raise TypeError(f"{args.env_id}: expected stacked frames (a Box observation space), got {obs_space}")
+    num_actions = harness.num_actions(env.single_action_space)
     model = AtariDQN(
-        tuple(obs_space.shape),
+        obs_space.shape,
         num_actions,
         arch=args.network,
         lr=args.lr,
@@ -210,6 +212,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         seed=args.seed,
         storage=replay_storage(args),
     )
+    buffer: ptl_rl.ReplayBuffer
     if args.prioritized:
         beta = ptl_rl.LinearSchedule(0.4, 1.0, args.env_steps)
         buffer = ptl_rl.PrioritizedReplayBuffer(nstep, beta=beta, beta_clock="env", **replay)
@@ -219,6 +222,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     def replay_size() -> dict[str, Any]:
         storage = buffer.storage
+        assert isinstance(storage, ptl_rl.FrameStorage)  # what replay_storage builds
         return {
             "replay_bytes_per_transition": storage.nbytes / storage.capacity,
             "naive_bytes_per_transition": naive_bytes_per_transition(obs_space),

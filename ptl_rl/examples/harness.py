@@ -15,7 +15,7 @@ import datetime
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -34,8 +34,12 @@ EVAL_SEED, CONFIRM_SEED, FINAL_SEED = 10_000, 500_000, 1_000_000
 VIDEO_SEED = 2_000_000
 
 
+#: the example's LightningModule class: ``greedy_agent`` receives the module of that class, with its networks
+ModuleT = TypeVar("ModuleT", bound=pl.LightningModule)
+
+
 @dataclass
-class Experiment:
+class Experiment(Generic[ModuleT]):
     """One example's run, ready to fit.
 
     Args:
@@ -56,11 +60,11 @@ class Experiment:
 
     algo: str
     args: argparse.Namespace
-    model: pl.LightningModule
+    model: ModuleT
     pipeline: Any
     loader: Any
     make_env: Callable[[int], Any]
-    greedy_agent: Callable[[pl.LightningModule], Any]
+    greedy_agent: Callable[[ModuleT], Any]
     max_epochs: int = -1
     config: dict[str, Any] = field(default_factory=dict)
     extra_summary: Callable[[], dict[str, Any]] | None = None
@@ -223,7 +227,8 @@ def stop_reason(trainer: pl.Trainer, experiment: Experiment, evaluation: Confirm
         return "interrupted"
     if evaluation is not None and evaluation.solved_at is not None:
         return "target return confirmed" if evaluation.confirm_episodes else "target return reached"
-    timer = next((cb for cb in trainer.callbacks if isinstance(cb, Timer)), None)
+    # (Lightning's callback connector sets trainer.callbacks; the Trainer class does not declare it)
+    timer = next((cb for cb in trainer.callbacks if isinstance(cb, Timer)), None)  # type: ignore[attr-defined]
     remaining = None if timer is None else timer.time_remaining("train")
     if remaining is not None and remaining <= 0:
         return "time limit"
@@ -398,6 +403,23 @@ def video_callback(experiment: Experiment, run_dir: RunDirectory | None) -> ptl_
         seed=args.seed + VIDEO_SEED,
         tensorboard=args.tensorboard,
     )
+
+
+def flat_size(space: gym.Space) -> int:
+    """The number of values in one observation of ``space`` (the product of its shape): an MLP's input width.
+
+    A space without a fixed shape (``Dict``, ``Sequence``) is refused: the examples' networks take arrays.
+    """
+    if space.shape is None:
+        raise TypeError(f"the observation space {space} has no fixed shape; this example needs array observations")
+    return int(np.prod(space.shape))
+
+
+def num_actions(space: gym.Space) -> int:
+    """The ``n`` of a ``Discrete`` action space (:func:`ptl_rl.examples.cli.parse` refused other kinds)."""
+    if not isinstance(space, gym.spaces.Discrete):
+        raise TypeError(f"the action space {space} is not Discrete; this example chooses among n actions")
+    return int(space.n)
 
 
 def _last_returns_mean(source: Any, episodes: int) -> float:

@@ -37,8 +37,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium import spaces
@@ -126,9 +127,12 @@ from torch import nn
 import ptl_rl
 from ptl_rl.examples import harness
 
+if TYPE_CHECKING:
+    from lightning_fabric.utilities.data import AttributeDict
+
 
 # ---------------------------------------------------------------------------- the behaviour policy
-def expert_agent(noise: float, seed: int):
+def expert_agent(noise: float, seed: int) -> Callable[[np.ndarray], np.ndarray]:
     """The recorded policy: obs float32 [N, 4] -> actions int64 [N]; PD control, ``noise`` random actions."""
     rng = np.random.default_rng(seed)
 
@@ -167,6 +171,8 @@ def record_dataset(dataset_id: str, args: argparse.Namespace) -> Any:
 # ---------------------------------------------------------------------------- learner
 class BehaviourCloning(pl.LightningModule):
     """An MLP policy obs [B, obs_dim] -> action logits [B, num_actions], fit to the dataset's actions."""
+
+    hparams: AttributeDict  # what save_hyperparameters() makes it (Lightning's property is typed wider)
 
     def __init__(self, obs_dim: int, num_actions: int, hidden: int = 64, lr: float = 3e-3) -> None:
         super().__init__()
@@ -208,7 +214,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         dataset, seed=args.seed, replacement=False, observation_space=obs_space, action_space=action_space
     )
     pipeline = ptl_rl.BatchSampler(buffer, batch_size=args.batch_size)
-    model = BehaviourCloning(int(np.prod(obs_space.shape)), int(action_space.n), args.hidden, args.lr)
+    model = BehaviourCloning(harness.flat_size(obs_space), harness.num_actions(action_space), args.hidden, args.lr)
 
     def greedy_agent(module: BehaviourCloning) -> Any:
         policy = module.policy.eval()

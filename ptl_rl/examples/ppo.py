@@ -34,7 +34,7 @@ Read it top to bottom, CleanRL style:
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gymnasium import spaces
 
@@ -131,6 +131,10 @@ from torch import nn
 import ptl_rl
 from ptl_rl.examples import harness
 
+if TYPE_CHECKING:
+    from lightning_fabric.utilities.data import AttributeDict
+    from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
+
 
 # ---------------------------------------------------------------------------- networks
 def layer_init(layer: nn.Linear, gain: float = np.sqrt(2)) -> nn.Linear:
@@ -167,6 +171,8 @@ def actor_critic(
 
 # ---------------------------------------------------------------------------- learner
 class PPO(pl.LightningModule):
+    hparams: AttributeDict  # what save_hyperparameters() makes it (Lightning's property is typed wider)
+
     def __init__(self, obs_dim: int, action_space: gym.Space, args: argparse.Namespace, num_rollouts: int) -> None:
         super().__init__()
         self.save_hyperparameters(vars(args))
@@ -189,7 +195,9 @@ class PPO(pl.LightningModule):
         return loss.detach()
 
     def on_train_epoch_end(self) -> None:
-        self.lr_schedulers().step()  # one epoch per rollout: the learning-rate annealing steps per rollout
+        scheduler = self.lr_schedulers()
+        assert isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler)  # the one configure_optimizers returns
+        scheduler.step()  # one epoch per rollout: the learning-rate annealing steps per rollout
 
     def ppo_loss(self, batch: ptl_rl.TorchBatch, batch_idx: int) -> torch.Tensor:
         """The clipped-surrogate loss of a minibatch (plus the value loss and the entropy bonus), logged per rollout."""
@@ -219,7 +227,7 @@ class PPO(pl.LightningModule):
             )  # fmt: skip
         return loss
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         # fused: one kernel for all parameters, much faster than the default on small CPU nets
         optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr, eps=1e-5, fused=True)
         anneal = self.hparams.anneal
@@ -244,7 +252,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train, then evaluate the final weights; returns the run's summary (see ``harness.run``)."""
     harness.set_up(args)
     env = make_env(args.env_id, args.num_envs)
-    obs_dim = int(np.prod(env.single_observation_space.shape))
+    obs_dim = harness.flat_size(env.single_observation_space)
     num_rollouts = max(1, args.env_steps // (args.num_envs * args.steps_per_env))
     model = PPO(obs_dim, env.single_action_space, args, num_rollouts)
 

@@ -47,7 +47,7 @@ Read it top to bottom, CleanRL style:
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gymnasium import spaces
 
@@ -168,6 +168,9 @@ import ptl_rl
 from ptl_rl.examples import harness
 from ptl_rl.examples.burst import replay_stage
 
+if TYPE_CHECKING:
+    from lightning_fabric.utilities.data import AttributeDict
+
 
 # ---------------------------------------------------------------------------- networks
 class GoalInput(nn.Module):
@@ -216,6 +219,8 @@ class TwinQ(nn.Module):
 
 # ---------------------------------------------------------------------------- learner
 class SAC(pl.LightningModule):
+    hparams: AttributeDict  # what save_hyperparameters() makes it (Lightning's property is typed wider)
+
     def __init__(
         self, observation_space: gym.spaces.Space, action_space: gym.spaces.Box, args: argparse.Namespace
     ) -> None:
@@ -237,7 +242,9 @@ class SAC(pl.LightningModule):
 
     def training_step(self, batch: ptl_rl.TorchBatch, batch_idx: int) -> None:
         hp = self.hparams
-        q_opt, actor_opt, alpha_opt = self.optimizers()
+        optimizers = self.optimizers()
+        assert isinstance(optimizers, list)  # configure_optimizers returns three
+        q_opt, actor_opt, alpha_opt = optimizers
         alpha = self.log_alpha.exp().detach()
 
         # critics: soft Bellman target from the target critics; discount and terminated come with the batch
@@ -301,7 +308,10 @@ class NoisyAgent:
         self, agent: ptl_rl.StochasticPolicyAgent, kind: str, std: float, theta: float, num_envs: int, act_dim: int,
         seed: int,
     ) -> None:  # fmt: skip
+        if agent.rescaler is None:
+            raise TypeError(f"action noise needs a Box action space to rescale into, got {agent.action_space}")
         self.agent, self.kind, self.std, self.theta = agent, kind, float(std), float(theta)
+        self.rescaler: ptl_rl.ActionRescaler = agent.rescaler
         self.rng = np.random.default_rng(seed)
         self.state = np.zeros((num_envs, act_dim), dtype=np.float64)
 
@@ -325,7 +335,7 @@ class NoisyAgent:
         if self.agent.total_steps < self.agent.warmup_steps:
             return actions, extras
         policy_action = np.clip(extras["policy_action"] + self.noise(), -1.0, 1.0).astype(np.float32)
-        return self.agent.rescaler.to_env(policy_action), {**extras, "policy_action": policy_action}
+        return self.rescaler.to_env(policy_action), {**extras, "policy_action": policy_action}
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -362,10 +372,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     """Train, then evaluate the final weights; returns the run's summary (see ``harness.run``)."""
     harness.set_up(args)
     env = make_env(args.env_id, args.num_envs)
-    model = SAC(env.single_observation_space, env.single_action_space, args)
+    action_space = env.single_action_space
+    if not isinstance(action_space, spaces.Box):  # (cli.parse refused the others; said again for the checker)
+        raise TypeError(f"SAC needs a Box action space, got {action_space}")
+    model = SAC(env.single_observation_space, action_space, args)
     agent: Any = model.agent
     if args.action_noise != "none":
-        act_dim = int(np.prod(env.single_action_space.shape))
+        act_dim = int(np.prod(action_space.shape))
         agent = NoisyAgent(
             agent, args.action_noise, args.noise_std, args.noise_theta, args.num_envs, act_dim, args.seed
         )

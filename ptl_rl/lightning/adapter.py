@@ -7,7 +7,7 @@ Everything here works with the Trainer of either Lightning package
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -205,7 +205,7 @@ class PipelineDataset(IterableDataset):
         return BatchGroup(self._next, self.batches_per_step)
 
     def _next(self) -> Any:
-        batch = next(self._iterator)
+        batch = next(self._iterator)  # type: ignore[arg-type]  # set by _start, which __iter__ runs before any _next
         if self._first:
             self._first = False
             _check_first_batch(self.pipeline, batch)
@@ -243,7 +243,7 @@ class PipelineLoader(DataLoader):
             note_checkpointed(self.dataset.pipeline)  # warn once per pipeline
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         pass  # the pipeline's state is restored by PipelineCheckpoint
 
 

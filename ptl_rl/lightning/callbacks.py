@@ -19,7 +19,7 @@ from ptl_rl.evaluation import evaluate
 from ptl_rl.lightning.stops import EnvStepLimit, PipelineCallback, global_env_steps
 from ptl_rl.normalization import sync_statistics
 from ptl_rl.profiling import PipelineProfile, profile
-from ptl_rl.protocols import EpisodeCounter
+from ptl_rl.protocols import Agent, EpisodeCounter
 from ptl_rl.ranks import rank_seed
 from ptl_rl.stages import find_episode_source
 
@@ -135,7 +135,7 @@ class PeriodicEvaluation(PipelineCallback):
         self,
         pipeline: Any,
         env: Any,
-        make_agent: Callable[[Any], Callable[[Any], Any]],
+        make_agent: Callable[[Any], Agent],
         every_env_steps: int,
         episodes: int = 10,
         stop_at_return: float | None = None,

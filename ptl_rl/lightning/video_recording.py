@@ -21,7 +21,7 @@ from ptl_rl._state import check_version, versioned
 from ptl_rl.evaluation import run_episodes
 from ptl_rl.lightning._compat import LIGHTNING_PACKAGES
 from ptl_rl.lightning.stops import PipelineCallback, global_env_steps
-from ptl_rl.protocols import EpisodeCounter
+from ptl_rl.protocols import Agent, EpisodeCounter
 from ptl_rl.stages import find_episode_source
 from ptl_rl.video import (
     VIDEO_FORMATS,
@@ -102,9 +102,7 @@ def check_video_env(env: Any) -> None:
         )
 
 
-def record_episodes(
-    env: gym.Env, agent: Callable[[Any], Any], episodes: int = 1, seed: int | None = None
-) -> list[RecordedEpisode]:
+def record_episodes(env: gym.Env, agent: Agent, episodes: int = 1, seed: int | None = None) -> list[RecordedEpisode]:
     """Play ``episodes`` whole episodes of ``agent`` in ``env`` and return them with their frames.
 
     ``env`` is a single env made with ``render_mode="rgb_array"``; ``agent``
@@ -192,7 +190,7 @@ class EvaluationVideo(PipelineCallback):
         self,
         pipeline: Any,
         env: gym.Env,
-        make_agent: Callable[[Any], Callable[[Any], Any]],
+        make_agent: Callable[[Any], Agent],
         every_env_steps: int,
         episodes: int = 1,
         directory: str | Path | None = None,

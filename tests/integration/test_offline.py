@@ -374,6 +374,39 @@ def test_tuple_spaces_are_rejected_with_the_fix():
         MinariRecorder(None, "test/tuple-v0", observation_space=space, action_space=gym.spaces.Discrete(2))
 
 
+def test_a_falsy_space_passed_to_the_recorder_is_the_space_used():
+    """An empty Dict space has len 0 (falsy): it is still the space asked for, not "none given"."""
+    empty = gym.spaces.Dict({})
+    recorder = MinariRecorder(None, "test/empty-v0", observation_space=empty, action_space=gym.spaces.Discrete(2))
+    assert recorder._observation_space is empty
+    env = make_env(LAYOUTS, "NextStep")  # its own observation space is a Box: the one passed wins
+    recorder = MinariRecorder(None, "test/empty-env-v0", env=env, observation_space=empty)
+    assert recorder._observation_space is empty
+    assert recorder._action_space == env.single_action_space
+
+
+def test_rows_equal_matches_a_row_by_row_comparison():
+    """_rows_equal (the recorder's check that rows follow each other) against a loop over rows and leaves."""
+    from ptl_rl.offline import _rows_equal
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        rows = int(rng.integers(1, 6))  # (the recorder compares only when some env has a running episode)
+        a = {"x": rng.integers(0, 2, (rows, 3)).astype(np.float32), "y": {"z": rng.integers(0, 2, (rows,))}}
+        a["x"][rng.random((rows, 3)) < 0.2] = np.nan
+        b = {"x": a["x"].copy(), "y": {"z": a["y"]["z"].copy()}}
+        flip = rng.random(rows) < 0.4
+        b["x"][flip & (rng.random(rows) < 0.5), 0] = 7.0
+        b["y"]["z"][flip] += rng.integers(0, 2, int(flip.sum()))
+        expected = [
+            np.array_equal(a["x"][i], b["x"][i], equal_nan=True) and a["y"]["z"][i] == b["y"]["z"][i]
+            for i in range(rows)
+        ]
+        assert _rows_equal(a, b, rows).tolist() == expected
+    # a tree without leaves (an empty Dict observation): every row is equal, not None
+    assert _rows_equal({}, {}, 3).tolist() == [True, True, True]
+
+
 def test_recorder_rejects_rows_that_are_not_consecutive_steps():
     env = make_env(LAYOUTS, "NextStep")
     nstep = NStepTransform(ExperienceSource(env, ScriptedAgent(3), seed=0), n=3, gamma=0.9)

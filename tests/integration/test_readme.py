@@ -35,6 +35,21 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert readme_commands()[1] in ci_lines
 
 
+def test_ci_runs_the_readme_checks_and_the_type_checker() -> None:
+    """The lint and type-check lines README.rst gives are lines of .ci/run, mypy on the whole package among them."""
+    readme = [line.strip() for line in (ROOT / "README.rst").read_text().splitlines()]
+    checks = [line for line in readme if line.startswith((".venv/bin/ruff", ".venv/bin/mypy"))]
+    assert ".venv/bin/mypy ptl_rl" in checks
+    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert all(line in ci_lines for line in checks), checks
+    # the checker CI runs is the one the constraints pin, installed by the dev extra
+    constraints = (ROOT / "constraints.txt").read_text().splitlines()
+    assert any(re.fullmatch(r"mypy==[\d.]+", line) for line in constraints)
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    assert any(line.strip().startswith("mypy") for line in config["options.extras_require"]["dev"].splitlines())
+
+
 def readme_code_block(after: str) -> str:
     """The first ``.. code-block:: python`` of README.rst after the line ``after``."""
     lines = (ROOT / "README.rst").read_text().splitlines()

@@ -217,3 +217,14 @@ def test_a_user_agent_gets_its_hooks_called_and_its_state_checkpointed():
     fresh = HookedAgent()
     ptl_rl.load_pipeline_state_dict(cartpole_source(fresh), ptl_rl.pipeline_state_dict(source))
     assert fresh.calls == 3
+
+
+def test_agent_state_for_an_agent_that_cannot_load_it_is_refused_by_name():
+    """A checkpoint with a Stateful agent's state, resumed with a plain function as the agent: a TypeError that says
+    which agent and what to do, not an AttributeError from inside the source."""
+    source = cartpole_source(HookedAgent())
+    next(source)
+    state = source.state_dict()
+    plain = cartpole_source(lambda obs: np.zeros(len(obs), dtype=np.int64))
+    with pytest.raises(TypeError, match="has no state_dict/load_state_dict of its own.*kind of agent"):
+        plain.load_state_dict(state)
