@@ -588,8 +588,12 @@ def _spec_of(env: Any) -> Any:
 _RECORDED_FIELDS = ("obs", "action", "reward", "terminated", "truncated")
 
 
-def _rows_equal(a: Any, b: Any) -> np.ndarray:
-    """Row-wise equality of two (dicts of) arrays [B, ...] -> bool [B]; NaN equals NaN."""
+def rows_equal_nan_as_equal(a: Any, b: Any) -> np.ndarray:
+    """Row-wise equality of two (dicts of) arrays [B, ...] by value -> bool [B]; NaN equals NaN, -0.0 equals 0.0.
+
+    Values, not bytes (as ``frames.pool.rows_bitwise_equal`` compares): a recorded observation and the next
+    step's are the same observation whatever NaN payload or zero sign they carry.
+    """
     result = None
     for (_, x), (_, y) in zip(tree_leaves(a), tree_leaves(b), strict=True):
         same = x == y
@@ -773,7 +777,9 @@ class MinariRecorder:
         length = self._length[env]
         running = np.flatnonzero(length > 0)
         if len(running):
-            same = _rows_equal(tree_take(self._last_next_obs, env[running]), tree_take(batch["obs"], running))
+            same = rows_equal_nan_as_equal(
+                tree_take(self._last_next_obs, env[running]), tree_take(batch["obs"], running)
+            )
             if not same.all():
                 bad = int(env[running[~same][0]])
                 raise ValueError(
