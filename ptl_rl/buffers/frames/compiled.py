@@ -38,13 +38,14 @@ COMPILED_INSERT = _frame_insert is not None and not PURE_PYTHON
 class _Bound:
     """A kernel bound to one storage's arrays, with how to pick a batch's arrays in its order."""
 
-    __slots__ = ("kernel", "pick", "keys", "env")
+    __slots__ = ("kernel", "pick", "keys", "env", "keep")
 
-    def __init__(self, kernel: Any, names: tuple[str, ...]) -> None:
+    def __init__(self, kernel: Any, names: tuple[str, ...], n: int) -> None:
         self.kernel = kernel
         self.pick = operator.itemgetter("obs", "next_obs", *names)  # (one C call: the batch's arrays, in order)
         self.keys = len(names) + 2  # (a batch with other keys too is left to the Python path, which refuses it)
         self.env = 2 + names.index("env_id")  # where env_id is among the picked arrays
+        self.keep = n - 1  # earlier batches retained beside the newest (the last n in all)
 
 
 class CompiledInsert(FrameInsert):
@@ -100,7 +101,7 @@ class CompiledInsert(FrameInsert):
         journal = self._journal
         if journal is not None and journal is not record:  # an add of the storage's own was cut short: redo it first
             return None
-        seq = self._stream_seq(batch)
+        seq = self._stream_seq(batch) if self._numbered or self._upstream is not None else None
         seen = self._seen_seq
         if seq is not None and (seen is None or seq != seen + 1):  # a cut: the Python path resolves what waits
             return None
@@ -112,24 +113,25 @@ class CompiledInsert(FrameInsert):
             arrays = bound.pick(data)
         except KeyError:
             return None
-        fields = self._fields
-        cursor, size, total = fields.cursor, fields.size, fields.total_added
+        f = self._fields
+        cursor, size, total = f.cursor, f.size, f.total_added
         state, spare = self._state, self._spare
         if bound.kernel.insert(arrays, state.array, spare.array, trusted, cursor, total) < 0:
             return None
         count, capacity = len(arrays[0]), self.capacity
         end = cursor + count
-        retained = (*self._retained, (total, arrays[bound.env], arrays[1]))[-(self.n_step or 1) :]
+        # the newest n batches' own next_obs, which a later cut resolves waiting transitions from (references)
+        retained = (self._retained[-bound.keep :] if bound.keep else ()) + ((total, arrays[bound.env], arrays[1]),)
         new = (
             True, None, spare, state, retained, seen if seq is None else seq,
             end % capacity, min(size + count, capacity), total + count,
         )  # fmt: skip
-        r, s, f = record, self, fields
+        r, s = record, self
         # the commit: one statement (no Python code runs in it), its targets on one line so that a line tracer
         # cannot stop it between two stores either: the record done, the new state swapped in, the counters
         r.done, s._journal, s._state, s._spare, s._retained, s._seen_seq, f.cursor, f.size, f.total_added = new
         if end <= capacity:
-            return fields._slot_numbers[cursor:end]
+            return f._slot_numbers[cursor:end]
         return np.arange(cursor, end) % capacity
 
     def _bind_kernel(self) -> _Bound | bool | None:
@@ -160,4 +162,4 @@ class CompiledInsert(FrameInsert):
             )  # fmt: skip
         except (ValueError, TypeError, BufferError):  # an array the kernel cannot hold: the Python path
             return False
-        return _Bound(kernel, names)
+        return _Bound(kernel, names, self.n_step or 1)
