@@ -23,6 +23,9 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h> /* streaming stores of pool frames (see copy_frame) */
+#endif
 
 #define MAXDIM 16
 #define MAXFIELDS 64
@@ -160,9 +163,24 @@ typedef struct {
     int64_t fw;
 } Pool;
 
+/* Copy one frame into the pool. A frame is read again only when it is sampled, long after (the pool is far
+ * larger than the caches in any replay that matters), so on x86-64 whole 16-byte blocks are written with
+ * streaming (non-temporal) stores: no read of the destination's cache lines before writing them, and no
+ * eviction of the lines this add reads next. Other targets, and frames not in 16-byte blocks, take memcpy. */
+static inline void copy_frame(char *dst, const char *src, Py_ssize_t bytes) {
+#if defined(__SSE2__)
+    if (((uintptr_t)dst & 15) == 0 && (bytes & 15) == 0) {
+        for (Py_ssize_t k = 0; k < bytes; k += 16)
+            _mm_stream_si128((__m128i *)(dst + k), _mm_loadu_si128((const __m128i *)(src + k)));
+        return;
+    }
+#endif
+    memcpy(dst, src, bytes);
+}
+
 /* FrameStorage._write_frames of one frame: its absolute position */
 static inline int64_t put(Pool *pl, const char *src) {
-    memcpy(pl->pool + pmod(pl->fw, pl->P) * pl->fbytes, src, pl->fbytes);
+    copy_frame(pl->pool + pmod(pl->fw, pl->P) * pl->fbytes, src, pl->fbytes);
     return pl->fw++;
 }
 
@@ -416,6 +434,9 @@ static PyObject *Kernel_insert(Kernel *p, PyObject *const *args, Py_ssize_t narg
             if (done[i] && seen[env[i]] == i) memcpy(state + env[i] * W, state + env[i] * W + S, S * sizeof(int64_t));
     }
     *watermark = pl.fw; /* (the same call: no stack can be rebuilt from a frame it overwrote) */
+#if defined(__SSE2__)
+    _mm_sfence(); /* (the streaming stores of copy_frame are ordered before anything after the call) */
+#endif
     written = pl.fw - fw0;
 
 fallback:
