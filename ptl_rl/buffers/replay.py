@@ -123,9 +123,9 @@ class ReplayBuffer:
         self.replacement = bool(replacement)
         self.passes = ShuffledPasses()  # the order of sampling without replacement
         self._credit = 0  # transitions collected but not yet spent on a yield
-        # set while an add is under way: still set (and not done) on entry means the previous add was
-        # interrupted, possibly between two fields of a row (see add and UnfinishedAdd)
-        self._unfinished_add: UnfinishedAdd | None = None
+        # the record of an add under way: not done on entry means the previous add was interrupted,
+        # possibly between two fields of a row (see add and UnfinishedAdd); one record, rewritten by each add
+        self._unfinished_add = UnfinishedAdd()
         # `storage.try_atomic_add(batch, record)` (FrameStorage's compiled insert): the batch stored and the record
         # marked done in one commit, or None and nothing changed; no snapshot is taken then
         self._atomic_add = getattr(self.storage, "try_atomic_add", None)
@@ -202,15 +202,15 @@ class ReplayBuffer:
         do not fit) is refused before anything is written: the buffer stays as it was, and the batch
         is forgotten, not redone by the next call.
         """
-        if self._unfinished_add is not None:  # (checked here: a call fewer on the common add)
+        record = self._unfinished_add
+        if not record.done:  # (checked here: a call fewer on the common add)
             self._finish_interrupted_add()
         storage = self.storage
-        # (set before the snapshot: taking it runs storage code an interrupt can cut short)
-        record = self._unfinished_add = UnfinishedAdd([batch])
+        # (set before the snapshot, in one statement: taking the snapshot runs storage code an interrupt can cut short)
+        record.batches, record.snapshot, record.done = (batch,), None, False
         if self._atomic_add is not None:  # a storage that stores the batch and marks the record done in one commit
             slots = self._atomic_add(batch, record)
             if slots is not None:
-                self._unfinished_add = None  # (an interrupt just before this line leaves a record that is done)
                 return slots
         saved = record.snapshot = storage_snapshot(storage)
         try:
@@ -218,20 +218,19 @@ class ReplayBuffer:
         except (TypeError, ValueError):
             self._refused(saved)
             raise
-        self._unfinished_add = None
+        record.done = True
         return slots
 
     def _refused(self, saved: Any) -> None:
         """Forget a batch the storage refused: an error in the data, not an interrupt, so it is never redone."""
         # (the storages refuse before writing; the roll-back covers one that does not)
         restore_storage(self.storage, saved)
-        self._unfinished_add = None
+        self._unfinished_add.done = True
 
     def _finish_interrupted_add(self) -> None:
         """Write again, in full, a batch whose add an interrupt cut short (before anything reads the storage)."""
         record = self._unfinished_add
-        if record is None or record.done:  # (done: stored and committed, its owner cut short before dropping it)
-            self._unfinished_add = None
+        if record.done:
             return
         storage = self.storage
         saved = record.snapshot
@@ -244,7 +243,7 @@ class ReplayBuffer:
         except (TypeError, ValueError):
             # refused: the interrupt landed before the storage's check, which refuses it now (before any write)
             restore_storage(storage, saved)
-        self._unfinished_add = None
+        record.done = True
 
     def sample(self, batch_size: int) -> TransitionBatch:
         """``batch_size`` transitions drawn uniformly with replacement, as numpy arrays [batch_size, ...]."""
@@ -300,7 +299,7 @@ class ReplayBuffer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_version(state, self.STATE_VERSION, type(self).__name__)
-        self._unfinished_add = None  # the restored storage replaces whatever was being written
+        self._unfinished_add.done = True  # the restored storage replaces whatever was being written
         self.storage.load_state_dict(state["storage"])
         self.rng.bit_generator.state = state["rng"]
         self._credit = int(state["credit"])

@@ -253,11 +253,12 @@ def test_compiled_insert_is_left_for_layouts_it_does_not_cover():
     last_axis = FrameStorage(10, stack_axis=-1, n_step=1, check=False)
     last_axis.compiled = True
     last_axis.add(batch)
-    assert last_axis.try_atomic_add(batch, UnfinishedAdd([batch])) is None and last_axis._kernel is False
+    assert last_axis.try_atomic_add(batch, UnfinishedAdd((batch,), done=False)) is None and last_axis._kernel is False
     first_axis = FrameStorage(10, stack_axis=0, n_step=1, check=False)
     first_axis.compiled = True
     first_axis.add(batch)
-    assert first_axis.try_atomic_add(batch, UnfinishedAdd([batch])) is None  # float64 rewards stored as float32
+    record = UnfinishedAdd((batch,), done=False)
+    assert first_axis.try_atomic_add(batch, record) is None  # float64 rewards stored as float32
     assert first_axis.total_added == 2
 
 

@@ -126,7 +126,7 @@ class FrameCheckpoint(FrameJournal):
         self._state.trust[:] = 0
         self._seen_seq = None
         self._retained = ()
-        self._journal = None
+        self._journal.done = True
 
     def _obs_shape_from(self, frame: tuple[int, ...], stack: int) -> tuple[int, ...]:
         if self.stack_axis is None:

@@ -52,7 +52,7 @@ class CompiledInsert(FrameInsert):
     """The compiled insert of a FrameStorage (its fifth layer): a kernel call, then one commit statement."""
 
     _compiled: bool
-    _journal: UnfinishedAdd | None  # the storage's own record of an add under way (see FrameJournal.add)
+    _journal: UnfinishedAdd  # the storage's own record of an add under way (see FrameJournal.add)
 
     @property
     def compiled(self) -> bool:
@@ -86,10 +86,11 @@ class CompiledInsert(FrameInsert):
         an add cut short (``record`` is not that journal).
 
         An interrupt before the kernel call changes nothing; one after it, before
-        the commit, leaves writes the storage does not count yet (the per-env
-        state went to the spare array, the frames are beyond the old watermark's
-        pooled ones... see ``docs/design/pixel-replay.md``), so ``record``, not
-        done, redoes the batch from the committed bookkeeping.
+        the commit, leaves only writes the storage does not count (the per-env
+        state went to the spare array, the frames to pool positions the
+        watermark already counts, the batch's slots unsampleable until complete;
+        see ``docs/design/pixel-replay.md``), so ``record``, not done, redoes the
+        batch from the committed bookkeeping.
         """
         bound = self._kernel
         if bound is None:
@@ -99,7 +100,7 @@ class CompiledInsert(FrameInsert):
         if bound is False or type(batch) is not TransitionBatch:
             return None
         journal = self._journal
-        if journal is not None and journal is not record:  # an add of the storage's own was cut short: redo it first
+        if not journal.done and journal is not record:  # an add of the storage's own was cut short: redo it first
             return None
         seq = self._stream_seq(batch) if self._numbered or self._upstream is not None else None
         seen = self._seen_seq
@@ -123,13 +124,13 @@ class CompiledInsert(FrameInsert):
         # the newest n batches' own next_obs, which a later cut resolves waiting transitions from (references)
         retained = (self._retained[-bound.keep :] if bound.keep else ()) + ((total, arrays[bound.env], arrays[1]),)
         new = (
-            True, None, spare, state, retained, seen if seq is None else seq,
+            True, spare, state, retained, seen if seq is None else seq,
             end % capacity, min(size + count, capacity), total + count,
         )  # fmt: skip
         r, s = record, self
         # the commit: one statement (no Python code runs in it), its targets on one line so that a line tracer
         # cannot stop it between two stores either: the record done, the new state swapped in, the counters
-        r.done, s._journal, s._state, s._spare, s._retained, s._seen_seq, f.cursor, f.size, f.total_added = new
+        r.done, s._state, s._spare, s._retained, s._seen_seq, f.cursor, f.size, f.total_added = new
         if end <= capacity:
             return f._slot_numbers[cursor:end]
         return np.arange(cursor, end) % capacity

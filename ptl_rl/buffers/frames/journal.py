@@ -14,7 +14,6 @@ import numpy as np
 from ptl_rl.batch import TransitionBatch
 from ptl_rl.buffers.frames.compiled import CompiledInsert
 from ptl_rl.buffers.frames.env_state import EnvState
-from ptl_rl.buffers.unfinished import UnfinishedAdd
 
 
 class FrameJournal(CompiledInsert):
@@ -29,8 +28,8 @@ class FrameJournal(CompiledInsert):
         (see :meth:`_write_frames`), so an add cut short, rolled back and done
         again equals one uninterrupted add. A buffer does that itself (see
         ``ReplayBuffer.add``); for a caller that does not, the storage keeps the
-        batch and its snapshot (an :class:`~ptl_rl.buffers.unfinished.UnfinishedAdd`),
-        and its next ``add`` rolls back and redoes it.
+        batch and its snapshot (its own :class:`~ptl_rl.buffers.unfinished.UnfinishedAdd`,
+        rewritten by each add in one statement), and its next ``add`` rolls back and redoes it.
 
         A refused batch (``ValueError``/``TypeError``: a wrong shape, dtype or
         field, a stack that does not match what the storage holds, see
@@ -38,14 +37,14 @@ class FrameJournal(CompiledInsert):
         the first write, and the batch is not kept for a redo.
         """
         journal = self._journal
-        if journal is None:
-            journal = self._journal = UnfinishedAdd([batch])  # (the compiled insert's commit clears it)
+        if journal.done:
+            journal.batches, journal.snapshot, journal.done = (batch,), None, False  # (one statement)
             if self._kernel is not False:  # (False: not compiled, or a layout the compiled insert does not cover)
-                stored = self.try_atomic_add(batch, journal)
+                stored = self.try_atomic_add(batch, journal)  # (its commit marks the journal done)
                 if stored is not None:
                     return stored
-        else:
-            journal.batches.append(batch)
+        else:  # an earlier add was cut short: it is redone first
+            journal.batches += (batch,)
         if journal.snapshot is None:  # no earlier add was cut short after its snapshot: nothing counted changed
             journal.snapshot = self.snapshot()
         else:  # an earlier add was cut short: roll back to before it, then do it again
@@ -55,9 +54,9 @@ class FrameJournal(CompiledInsert):
                 slots = self._add_chunks(one)
         except (TypeError, ValueError):
             # refused by its checks, before its first write: the storage holds the batches before it, complete
-            self._journal = None
+            journal.done = True
             raise
-        self._journal = None
+        journal.done = True
         return slots
 
     def snapshot(self) -> tuple[Any, ...]:
@@ -82,7 +81,7 @@ class FrameJournal(CompiledInsert):
         refer to a frame that changed.
         """
         self._restore_bookkeeping(snapshot)
-        self._journal = None
+        self._journal.done = True
 
     def _restore_bookkeeping(self, snapshot: tuple[Any, ...]) -> None:
         cursor, size, total_added, state, seen_seq, self._retained = snapshot

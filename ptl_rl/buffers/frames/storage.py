@@ -49,6 +49,7 @@ from ptl_rl.buffers.frames.checkpoint import FrameCheckpoint
 from ptl_rl.buffers.frames.compiled import COMPILED_INSERT
 from ptl_rl.buffers.memmap import MemmapStorage
 from ptl_rl.buffers.storage import ArrayStorage
+from ptl_rl.buffers.unfinished import UnfinishedAdd
 
 
 class FrameStorage(FrameCheckpoint):
@@ -138,7 +139,7 @@ class FrameStorage(FrameCheckpoint):
         self._obs_keys = None
         self._upstream = None
         self._seen_seq = None
-        self._journal = None  # the storage's own record of an add under way (see add)
+        self._journal = UnfinishedAdd()  # the storage's own record of an add under way (see add): none yet
         self._numbered = ()
         self._retained = ()
         self._kernel = None
