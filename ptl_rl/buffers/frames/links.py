@@ -125,7 +125,7 @@ class FrameLinks(FramePool):
         self._kernel = None  # (it holds the arrays replaced here)
         n = self.n_step or 1
         state = EnvState.empty(num_envs, self.stack, n)
-        self._pending_backup = None  # (see InsertMixin._back_up_pending)
+        self._pending_backup = None  # (see FrameInsert._back_up_pending)
         frame = getattr(self, "frame_shape", ())
         # the stack of each pending next_obs, checked against the obs that resolves it (checked mode): per env a
         # ring of n + 1, the oldest at the env's `head`, the newest n - 1 after it, and one free position
