@@ -591,11 +591,12 @@ def _spec_of(env: Any) -> Any:
 _RECORDED_FIELDS = ("obs", "action", "reward", "terminated", "truncated")
 
 
-def _rows_equal(a: Any, b: Any, rows: int) -> np.ndarray:
-    """Row-wise equality of two (dicts of) arrays [B, ...] (``rows`` = B) -> bool [B]; NaN equals NaN.
+def rows_equal_nan_as_equal(a: Any, b: Any, rows: int) -> np.ndarray:
+    """Row-wise equality of two (dicts of) arrays [B, ...] (``rows`` = B) by value -> bool [B]; NaN equals NaN.
 
-    ``rows`` is passed, not read from a leaf: a tree without leaves (an empty Dict observation) has B rows
-    that are all equal.
+    Values, not bytes (as ``frames.pool.rows_bitwise_equal`` compares): a recorded observation and the next
+    step's are the same observation whatever NaN payload or zero sign they carry. ``rows`` is passed, not read
+    from a leaf: a tree without leaves (an empty Dict observation) has B rows that are all equal.
     """
     result = np.ones(rows, dtype=bool)
     for (_, x), (_, y) in zip(tree_leaves(a), tree_leaves(b), strict=True):
@@ -783,7 +784,7 @@ class MinariRecorder:
         length = self._length[env]
         running = np.flatnonzero(length > 0)
         if len(running):
-            same = _rows_equal(
+            same = rows_equal_nan_as_equal(
                 tree_take(self._last_next_obs, env[running]), tree_take(batch["obs"], running), len(running)
             )
             if not same.all():

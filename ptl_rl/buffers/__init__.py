@@ -14,6 +14,7 @@ from ptl_rl.buffers.sequence import SequenceReplayBuffer
 from ptl_rl.buffers.shuffle import ShuffledPasses
 from ptl_rl.buffers.storage import ArrayStorage
 from ptl_rl.buffers.sumtree import SumTree
+from ptl_rl.buffers.unfinished import UnfinishedAdd
 
 __all__ = [
     "ArrayStorage",
@@ -31,6 +32,7 @@ __all__ = [
     "ShuffledPasses",
     "SlotDraws",
     "SumTree",
+    "UnfinishedAdd",
     "load_buffer",
     "save_buffer",
 ]

@@ -1,57 +1,59 @@
-/* The compiled insert of FrameStorage: one vector step (every env once, in env order, no episode end) in one call.
+/* The compiled insert of FrameStorage: an array kernel that writes one batch into the storage's arrays.
  *
- * Plain CPython C API and the buffer protocol, no numpy headers: the build needs setuptools and a C compiler only.
- * See docs/design/pixel-replay.md ("Compiled insert") for what is covered and why the call is atomic.
+ * Plain CPython C API and the buffer protocol (PyObject_GetBuffer), no numpy headers and no numpy object
+ * layout: the build needs setuptools and a C compiler only, and the module does not depend on a numpy version.
+ * It reads and writes no Python attributes: the caller (ptl_rl/buffers/frames/compiled.py) passes arrays and
+ * integers, and commits the bookkeeping (counters, journal, ...) itself once the kernel returned.
+ * See docs/design/pixel-replay.md ("Compiled insert") for what is covered and why an interrupt cannot split it.
  *
- * A Plan holds the storage's arrays (pool, frame references, per-env state, pending frames, the other fields) as
- * buffers acquired once; Plan.step(...) checks a batch against them and either changes nothing and returns None
- * (the caller takes the Python path) or writes the whole step, sets the counters and clears the caller's
- * interrupt record, and returns the first slot written. Every check comes before the first write, and no Python
- * code runs inside the call, so a KeyboardInterrupt lands before the step or after all of it.
+ * A Kernel holds the storage's long-lived arrays (pool, frame references, pending frames, the frame watermark,
+ * the other fields' rings) as buffers acquired once. Kernel.insert(...) checks a batch against them and either
+ * changes nothing and returns -1 (not covered: the caller takes the Python path), or writes the whole batch and
+ * returns the number of frames written. Every check comes before the first write, and no Python code runs
+ * inside the call, so a KeyboardInterrupt lands before it or after all of it.
+ *
+ * What it writes, and why an uncommitted insert is harmless: the per-env state goes into the spare array (the
+ * caller swaps it in when it commits); the pool frames go to positions the watermark (frames_written, a
+ * one-element int64 array) already counts, advanced in the same call, as the Python path advances it before
+ * writing; the batch's slots get next_refs = -1 before their fields change. Until the caller commits, the
+ * counters and the per-env state still describe the storage before the batch, so redoing the batch from them
+ * gives what one uninterrupted insert gives.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h> /* streaming stores of pool frames (see copy_frame) */
+#endif
 
 #define MAXDIM 16
+#define MAXFIELDS 64
 
 typedef struct {
     PyObject_HEAD
-    Py_buffer pool, obs_refs, next_refs, state, pending;
+    Py_buffer pool, obs_refs, next_refs, pending, watermark;
     int held; /* how many of the five buffers above are held (acquired in that order) */
     Py_ssize_t nfields, fields_held;
-    PyObject *names; /* tuple of the other fields' names (str) */
-    PyObject *batch_type, *array_type; /* TransitionBatch and numpy.ndarray: only exact instances are taken */
-    int views;                         /* 1: numpy arrays are read through their object layout (see ArrayView) */
-    PyObject *field_descr[64];         /* the stored fields' dtypes (borrowed: the held arrays keep them) */
-    PyObject *pool_descr;
     Py_buffer *fields;
-    Py_ssize_t row_bytes[64];
-    Py_ssize_t env_k, terminated_k, truncated_k; /* indices of those fields in names */
+    Py_ssize_t row_bytes[MAXFIELDS];
+    Py_ssize_t env_k, terminated_k, truncated_k; /* positions of those fields among the fields */
     Py_ssize_t S, n, W, E, capacity, pool_size, frame_bytes, frame_ndim, itemsize;
     Py_ssize_t frame_shape[MAXDIM];
-} Plan;
+} Kernel;
 
-static PyObject *s_cursor, *s_size, *s_total_added, *s_frames_written, *s_retained, *s_seen_seq, *s_obs, *s_next_obs;
-static PyObject *s_fields, *s_journal, *s_numbered, *s_upstream, *s_check, *s_slot_numbers, *s_env_id;
-
-static void release_plan(Plan *p) {
-    Py_buffer *own[5] = {&p->pool, &p->obs_refs, &p->next_refs, &p->state, &p->pending};
+static void release_kernel(Kernel *p) {
+    Py_buffer *own[5] = {&p->pool, &p->obs_refs, &p->next_refs, &p->pending, &p->watermark};
     for (int i = 0; i < p->held; i++) PyBuffer_Release(own[i]);
     p->held = 0;
     for (Py_ssize_t k = 0; k < p->fields_held; k++) PyBuffer_Release(&p->fields[k]);
     p->fields_held = 0;
     PyMem_Free(p->fields);
     p->fields = NULL;
-    Py_CLEAR(p->names);
-    Py_CLEAR(p->batch_type);
-    Py_CLEAR(p->array_type);
-    p->views = 0;
 }
 
-static void Plan_dealloc(Plan *p) {
-    release_plan(p);
+static void Kernel_dealloc(Kernel *p) {
+    release_kernel(p);
     Py_TYPE(p)->tp_free((PyObject *)p);
 }
 
@@ -64,57 +66,29 @@ static int same_format(const Py_buffer *a, const Py_buffer *b) {
     return a->itemsize == b->itemsize && a->format != NULL && b->format != NULL && strcmp(a->format, b->format) == 0;
 }
 
-static int plan_error(const char *what) {
-    PyErr_Format(PyExc_ValueError, "_frame_insert.Plan: %s", what);
+static int kernel_error(const char *what) {
+    PyErr_Format(PyExc_ValueError, "_frame_insert.Kernel: %s", what);
     return -1;
 }
 
-/* The head of a numpy array object (numpy's PyArrayObject_fields, unchanged since numpy 1.7 and in 2.x, part of
- * its ABI). Exporting a buffer costs a fresh array ~0.25 us (numpy builds its buffer info); an add reads ten
- * arrays. So an exact ndarray whose dtype object is the stored array's is read through this head instead. The
- * layout is checked against the buffer protocol on the storage's own arrays when a Plan is built, and the Plan
- * falls back to buffer exports for good if it does not match. */
-typedef struct {
-    PyObject_HEAD
-    char *data;
-    int nd;
-    Py_ssize_t *dimensions;
-    Py_ssize_t *strides;
-    PyObject *base;
-    PyObject *descr;
-    int flags;
-} ArrayView;
+#define WRITABLE_ARRAY (PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE)
 
-#define VIEW_C_CONTIGUOUS 0x0001 /* NPY_ARRAY_C_CONTIGUOUS */
-
-/* does the array head of `a` say what the buffer `b` exported from it says? */
-static int view_matches(PyObject *a, const Py_buffer *b) {
-    const ArrayView *v = (const ArrayView *)a;
-    if (v->data != (char *)b->buf || v->nd != b->ndim || v->descr == NULL) return 0;
-    for (int d = 0; d < b->ndim; d++)
-        if (v->dimensions[d] != b->shape[d] || (b->strides != NULL && v->strides[d] != b->strides[d])) return 0;
-    return 1;
-}
-
-/* Plan(pool, obs_refs, next_refs, state, pending, names, fields, batch_type, array_type) */
-static int Plan_init(Plan *p, PyObject *args, PyObject *kwds) {
-    PyObject *pool, *obs_refs, *next_refs, *state, *pending, *names, *fields, *batch_type, *array_type;
-    if (kwds != NULL && PyDict_Size(kwds) > 0) return plan_error("takes positional arguments only");
-    if (!PyArg_ParseTuple(args, "OOOOOO!O!O!O!", &pool, &obs_refs, &next_refs, &state, &pending, &PyTuple_Type,
-                          &names, &PyTuple_Type, &fields, &PyType_Type, &batch_type, &PyType_Type, &array_type))
+/* Kernel(pool, obs_refs, next_refs, pending, watermark, fields, env_k, terminated_k, truncated_k, n) */
+static int Kernel_init(Kernel *p, PyObject *args, PyObject *kwds) {
+    PyObject *pool, *obs_refs, *next_refs, *pending, *watermark, *fields;
+    Py_ssize_t env_k, terminated_k, truncated_k, n;
+    if (kwds != NULL && PyDict_Size(kwds) > 0) return kernel_error("takes positional arguments only");
+    if (!PyArg_ParseTuple(args, "OOOOOO!nnnn", &pool, &obs_refs, &next_refs, &pending, &watermark, &PyTuple_Type,
+                          &fields, &env_k, &terminated_k, &truncated_k, &n))
         return -1;
-    release_plan(p);
-    Py_INCREF(batch_type);
-    p->batch_type = batch_type;
-    Py_INCREF(array_type);
-    p->array_type = array_type;
-    PyObject *arrays[5] = {pool, obs_refs, next_refs, state, pending};
-    Py_buffer *own[5] = {&p->pool, &p->obs_refs, &p->next_refs, &p->state, &p->pending};
+    release_kernel(p);
+    PyObject *arrays[5] = {pool, obs_refs, next_refs, pending, watermark};
+    Py_buffer *own[5] = {&p->pool, &p->obs_refs, &p->next_refs, &p->pending, &p->watermark};
     for (int i = 0; i < 5; i++) {
-        if (PyObject_GetBuffer(arrays[i], own[i], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) return -1;
+        if (PyObject_GetBuffer(arrays[i], own[i], WRITABLE_ARRAY) < 0) return -1;
         p->held = i + 1;
     }
-    if (p->pool.ndim < 1 || p->pool.ndim > MAXDIM) return plan_error("pool must be [pool_size, *frame]");
+    if (p->pool.ndim < 1 || p->pool.ndim > MAXDIM - 2) return kernel_error("pool must be [pool_size, *frame]");
     p->pool_size = p->pool.shape[0];
     p->itemsize = p->pool.itemsize;
     p->frame_ndim = p->pool.ndim - 1;
@@ -125,65 +99,46 @@ static int Plan_init(Plan *p, PyObject *args, PyObject *kwds) {
     }
     if (p->obs_refs.ndim != 2 || p->next_refs.ndim != 2 || !is_int64(&p->obs_refs) || !is_int64(&p->next_refs) ||
         p->obs_refs.shape[0] != p->next_refs.shape[0] || p->obs_refs.shape[1] != p->next_refs.shape[1])
-        return plan_error("obs_refs and next_refs must be int64 [capacity, S]");
+        return kernel_error("obs_refs and next_refs must be int64 [capacity, S]");
     p->capacity = p->obs_refs.shape[0];
     p->S = p->obs_refs.shape[1];
-    if (p->state.ndim != 2 || !is_int64(&p->state) || p->state.shape[1] < 2 * p->S + 3)
-        return plan_error("state must be int64 [E, 2S + 2 + n]");
-    p->E = p->state.shape[0];
-    p->W = p->state.shape[1];
-    p->n = p->W - 2 * p->S - 2; /* (columns: last, final, trust, recent [n], head) */
-    if (p->pending.ndim != p->pool.ndim + 2 || !same_format(&p->pending, &p->pool) || p->pending.shape[0] != p->E ||
-        p->pending.shape[1] != p->n + 1 || p->pending.shape[2] != p->S)
-        return plan_error("pending must be [E, n + 1, S, *frame] of the pool's dtype");
+    if (n < 1) return kernel_error("n must be >= 1");
+    p->n = n;
+    p->W = 2 * p->S + 2 + n; /* the per-env state's columns: last, final, trust, recent [n], head */
+    if (p->watermark.ndim != 1 || p->watermark.shape[0] != 1 || !is_int64(&p->watermark))
+        return kernel_error("watermark must be int64 [1]");
+    if (p->pending.ndim != p->pool.ndim + 2 || !same_format(&p->pending, &p->pool) || p->pending.shape[1] != n + 1 ||
+        p->pending.shape[2] != p->S)
+        return kernel_error("pending must be [E, n + 1, S, *frame] of the pool's dtype");
     for (int d = 1; d < p->pool.ndim; d++)
-        if (p->pending.shape[d + 2] != p->pool.shape[d]) return plan_error("pending frames differ from the pool's");
-    p->nfields = PyTuple_GET_SIZE(names);
-    if (PyTuple_GET_SIZE(fields) != p->nfields || p->nfields > 64) return plan_error("names and fields differ");
+        if (p->pending.shape[d + 2] != p->pool.shape[d]) return kernel_error("pending frames differ from the pool's");
+    p->E = p->pending.shape[0];
+    p->nfields = PyTuple_GET_SIZE(fields);
+    if (p->nfields > MAXFIELDS) return kernel_error("at most 64 fields");
     p->fields = PyMem_Calloc(p->nfields ? p->nfields : 1, sizeof(Py_buffer));
     if (p->fields == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    p->env_k = p->terminated_k = p->truncated_k = -1;
     for (Py_ssize_t k = 0; k < p->nfields; k++) {
-        PyObject *name = PyTuple_GET_ITEM(names, k);
-        if (!PyUnicode_Check(name)) return plan_error("field names must be str");
         Py_buffer *f = &p->fields[k];
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(fields, k), f, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) <
-            0)
-            return -1;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(fields, k), f, WRITABLE_ARRAY) < 0) return -1;
         p->fields_held = k + 1;
-        if (f->ndim < 1 || f->shape[0] != p->capacity) return plan_error("every field must be [capacity, ...]");
+        if (f->ndim < 1 || f->shape[0] != p->capacity) return kernel_error("every field must be [capacity, ...]");
         p->row_bytes[k] = f->len / p->capacity;
-        if (PyUnicode_CompareWithASCIIString(name, "env_id") == 0) p->env_k = k;
-        if (PyUnicode_CompareWithASCIIString(name, "terminated") == 0) p->terminated_k = k;
-        if (PyUnicode_CompareWithASCIIString(name, "truncated") == 0) p->truncated_k = k;
     }
-    if (p->env_k < 0 || p->terminated_k < 0 || p->truncated_k < 0)
-        return plan_error("the fields must include env_id, terminated and truncated");
-    if (!is_int64(&p->fields[p->env_k]) || p->fields[p->env_k].ndim != 1 || p->fields[p->terminated_k].itemsize != 1 ||
-        p->fields[p->terminated_k].ndim != 1 || p->fields[p->truncated_k].itemsize != 1 ||
-        p->fields[p->truncated_k].ndim != 1)
-        return plan_error("env_id must be int64 [capacity], terminated and truncated bool [capacity]");
-    /* batch arrays may be read through their array head if the storage's own arrays' heads agree with their
-     * buffers (the layout check of ArrayView) */
-    p->views = PyType_IsSubtype(Py_TYPE(pool), (PyTypeObject *)array_type) && view_matches(pool, &p->pool);
-    for (Py_ssize_t k = 0; k < p->nfields && p->views; k++) {
-        PyObject *a = PyTuple_GET_ITEM(fields, k);
-        p->views = PyType_IsSubtype(Py_TYPE(a), (PyTypeObject *)array_type) && view_matches(a, &p->fields[k]);
-    }
-    if (p->views) {
-        p->pool_descr = ((ArrayView *)pool)->descr;
-        for (Py_ssize_t k = 0; k < p->nfields; k++) p->field_descr[k] = ((ArrayView *)PyTuple_GET_ITEM(fields, k))->descr;
-    }
-    Py_INCREF(names);
-    p->names = names;
+    p->env_k = env_k, p->terminated_k = terminated_k, p->truncated_k = truncated_k;
+    if (env_k < 0 || env_k >= p->nfields || terminated_k < 0 || terminated_k >= p->nfields || truncated_k < 0 ||
+        truncated_k >= p->nfields)
+        return kernel_error("env_k, terminated_k and truncated_k must be positions among the fields");
+    if (!is_int64(&p->fields[env_k]) || p->fields[env_k].ndim != 1 || p->fields[terminated_k].itemsize != 1 ||
+        p->fields[terminated_k].ndim != 1 || p->fields[truncated_k].itemsize != 1 || p->fields[truncated_k].ndim != 1)
+        return kernel_error("env_id must be int64 [capacity], terminated and truncated bool [capacity]");
     return 0;
 }
 
 /* obs-shaped batch [count, S, *frame] of the pool's dtype whose frames are C-contiguous (any row/stack strides) */
-static int obs_layout_ok(const Plan *p, const Py_buffer *b) {
+static int obs_layout_ok(const Kernel *p, const Py_buffer *b) {
     if (b->ndim != p->frame_ndim + 2 || b->shape[1] != p->S || !same_format(b, &p->pool) || b->strides == NULL)
         return 0;
     Py_ssize_t expect = p->itemsize;
@@ -201,36 +156,6 @@ static inline const char *frame_at(const Py_buffer *b, Py_ssize_t row, Py_ssize_
 
 static inline Py_ssize_t pmod(int64_t a, Py_ssize_t m) { return (Py_ssize_t)(a % m); }
 
-/* `a` as a buffer: through its array head when it is an exact ndarray of dtype `descr` (no export, *held = 0),
- * else exported with `flags` (*held = 1); format and itemsize then come from `like`. -1: not readable. */
-static int get_array(const Plan *p, PyObject *a, PyObject *descr, const Py_buffer *like, int flags, int contiguous,
-                     Py_buffer *out, int *held) {
-    *held = 0;
-    if (p->views && (PyObject *)Py_TYPE(a) == p->array_type && ((ArrayView *)a)->descr == descr) {
-        const ArrayView *v = (const ArrayView *)a;
-        if (contiguous && !(v->flags & VIEW_C_CONTIGUOUS)) return -1;
-        out->buf = v->data;
-        out->obj = NULL;
-        out->ndim = v->nd;
-        out->shape = v->dimensions;
-        out->strides = v->strides;
-        out->itemsize = like->itemsize;
-        out->format = like->format;
-        out->len = like->itemsize;
-        for (int d = 0; d < v->nd; d++) out->len *= v->dimensions[d];
-        out->readonly = 1;
-        out->suboffsets = NULL;
-        out->internal = NULL;
-        return 0;
-    }
-    if (PyObject_GetBuffer(a, out, flags) < 0) {
-        PyErr_Clear();
-        return -1;
-    }
-    *held = 1;
-    return 0;
-}
-
 /* the pool ring and its running frames_written */
 typedef struct {
     char *pool;
@@ -238,9 +163,24 @@ typedef struct {
     int64_t fw;
 } Pool;
 
+/* Copy one frame into the pool. A frame is read again only when it is sampled, long after (the pool is far
+ * larger than the caches in any replay that matters), so on x86-64 whole 16-byte blocks are written with
+ * streaming (non-temporal) stores: no read of the destination's cache lines before writing them, and no
+ * eviction of the lines this add reads next. Other targets, and frames not in 16-byte blocks, take memcpy. */
+static inline void copy_frame(char *dst, const char *src, Py_ssize_t bytes) {
+#if defined(__SSE2__)
+    if (((uintptr_t)dst & 15) == 0 && (bytes & 15) == 0) {
+        for (Py_ssize_t k = 0; k < bytes; k += 16)
+            _mm_stream_si128((__m128i *)(dst + k), _mm_loadu_si128((const __m128i *)(src + k)));
+        return;
+    }
+#endif
+    memcpy(dst, src, bytes);
+}
+
 /* FrameStorage._write_frames of one frame: its absolute position */
 static inline int64_t put(Pool *pl, const char *src) {
-    memcpy(pl->pool + pmod(pl->fw, pl->P) * pl->fbytes, src, pl->fbytes);
+    copy_frame(pl->pool + pmod(pl->fw, pl->P) * pl->fbytes, src, pl->fbytes);
     return pl->fw++;
 }
 
@@ -278,46 +218,42 @@ static void insert_stacks(Pool *pl, const Py_buffer *src, const Py_ssize_t *rows
     }
 }
 
-/* step(owner, record, storage, fields_storage, batch_fields, retained, seq, trusted,
- *      cursor, size, total_added, frames_written, slot_numbers)
- * -> the slots written (slot_numbers[cursor:cursor + B]; the first slot, an int, when the ring wraps),
- *    or None (not covered: nothing changed) */
-static PyObject *Plan_step(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 13) {
-        PyErr_SetString(PyExc_TypeError, "step takes 13 arguments");
+/* insert(arrays, state, spare, trusted, cursor, total_added)
+ *   arrays: (obs, next_obs, *fields) of the batch, the fields in the order the Kernel was built with
+ *   state: the committed per-env state, int64 [E, W] (read only); spare: the same shape, gets the new state
+ *   cursor, total_added: the storage's counters before the batch
+ * -> the number of frames written (the watermark advanced by it), or -1: not covered, nothing changed */
+static PyObject *Kernel_insert(Kernel *p, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "insert takes 6 arguments");
         return NULL;
     }
     if (p->held != 5) {
-        PyErr_SetString(PyExc_RuntimeError, "_frame_insert.Plan is not initialised");
+        PyErr_SetString(PyExc_RuntimeError, "_frame_insert.Kernel is not initialised");
         return NULL;
     }
-    PyObject *owner = args[0], *record = args[1], *storage = args[2], *fstore = args[3], *d = args[4];
-    PyObject *retained = args[5], *seq = args[6];
-    int trusted = PyObject_IsTrue(args[7]);
-    long long cursor = PyLong_AsLongLong(args[8]), size = PyLong_AsLongLong(args[9]);
-    long long total = PyLong_AsLongLong(args[10]), fw = PyLong_AsLongLong(args[11]);
+    PyObject *arrays = args[0];
+    int trusted = PyObject_IsTrue(args[3]);
+    long long cursor = PyLong_AsLongLong(args[4]), total = PyLong_AsLongLong(args[5]);
     if (trusted < 0 || PyErr_Occurred()) return NULL;
-    if (!PyDict_CheckExact(d) || PyDict_GET_SIZE(d) != p->nfields + 2) Py_RETURN_NONE;
+    if (!PyTuple_CheckExact(arrays) || PyTuple_GET_SIZE(arrays) != p->nfields + 2) return PyLong_FromLong(-1);
+    if (cursor < 0 || cursor >= p->capacity || total < 0) return PyLong_FromLong(-1);
 
-    Py_buffer obs = {0}, nxt = {0};
+    Py_buffer obs = {0}, nxt = {0}, st = {0}, sp = {0};
     void *work = NULL;
-    Py_buffer fb[64];
-    int fheld[64];      /* 1: fb[k] was exported (to release), 0: read through the array head */
+    Py_buffer fb[MAXFIELDS];
     Py_ssize_t got = 0; /* field buffers taken */
-    int have_obs = 0, have_nxt = 0;
-    PyObject *result = Py_None; /* fallback unless every check passes */
-    PyObject *o = PyDict_GetItemWithError(d, s_obs), *no = PyDict_GetItemWithError(d, s_next_obs);
-    if (o == NULL || no == NULL) goto fallback;
-    if (get_array(p, o, p->pool_descr, &p->pool, PyBUF_RECORDS_RO, 0, &obs, &have_obs) < 0) goto fallback;
-    if (get_array(p, no, p->pool_descr, &p->pool, PyBUF_RECORDS_RO, 0, &nxt, &have_nxt) < 0) goto fallback;
+    int have_obs = 0, have_nxt = 0, have_st = 0, have_sp = 0;
+    long long written = -1; /* not covered unless every check passes */
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(arrays, 0), &obs, PyBUF_RECORDS_RO) < 0) goto fallback;
+    have_obs = 1;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(arrays, 1), &nxt, PyBUF_RECORDS_RO) < 0) goto fallback;
+    have_nxt = 1;
     if (!obs_layout_ok(p, &obs) || !obs_layout_ok(p, &nxt)) goto fallback;
     const Py_ssize_t count = obs.shape[0], S = p->S, W = p->W, n = p->n, cap = p->capacity, P = p->pool_size;
     if (count < 1 || count > cap || count > P || nxt.shape[0] != count) goto fallback;
     for (Py_ssize_t k = 0; k < p->nfields; k++) {
-        PyObject *v = PyDict_GetItemWithError(d, PyTuple_GET_ITEM(p->names, k));
-        if (v == NULL) goto fallback;
-        if (get_array(p, v, p->field_descr[k], &p->fields[k], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, 1, &fb[k],
-                      &fheld[k]) < 0)
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(arrays, k + 2), &fb[k], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
             goto fallback;
         got = k + 1;
         const Py_buffer *f = &p->fields[k];
@@ -325,6 +261,13 @@ static PyObject *Plan_step(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
         for (int dim = 1; dim < f->ndim; dim++)
             if (fb[k].shape[dim] != f->shape[dim]) goto fallback;
     }
+    if (PyObject_GetBuffer(args[1], &st, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto fallback;
+    have_st = 1;
+    if (PyObject_GetBuffer(args[2], &sp, WRITABLE_ARRAY) < 0) goto fallback;
+    have_sp = 1;
+    if (st.ndim != 2 || !is_int64(&st) || st.shape[0] != p->E || st.shape[1] != W || sp.ndim != 2 ||
+        !is_int64(&sp) || sp.shape[0] != p->E || sp.shape[1] != W || sp.buf == st.buf)
+        goto fallback;
     /* rows of an env in time order, any interleaving; env ids inside the per-env state */
     const int64_t *env = (const int64_t *)fb[p->env_k].buf;
     const char *term = (const char *)fb[p->terminated_k].buf, *trunc = (const char *)fb[p->truncated_k].buf;
@@ -350,7 +293,9 @@ static PyObject *Plan_step(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
     /* checked mode, an env twice: its second pending write overwrites a stack the add compared, which the Python
      * path backs up for a caller that rolls the add back (a SequenceReplayBuffer's redo) */
     if (!trusted && groups > 1) goto fallback;
-    int64_t *state = (int64_t *)p->state.buf;
+    /* the new per-env state starts as the committed one; from here on `state` is the spare */
+    memcpy(sp.buf, st.buf, p->E * W * sizeof(int64_t));
+    int64_t *state = (int64_t *)sp.buf;
     int64_t *obs_refs = (int64_t *)p->obs_refs.buf, *next_refs = (int64_t *)p->next_refs.buf;
     char *pending = (char *)p->pending.buf;
     const Py_ssize_t fbytes = p->frame_bytes;
@@ -380,29 +325,12 @@ static PyObject *Plan_step(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
         PyMem_Free(hist);
         if (bad) goto fallback; /* (the Python path refuses the batch, naming the env and the transition) */
     }
-    /* the new counters and the slots, made before the first write so that nothing can fail after it */
-    const long long end = cursor + count;
-    PyObject *v_cursor = PyLong_FromLongLong(end % cap);
-    PyObject *v_size = PyLong_FromLongLong(size + count < cap ? size + count : cap);
-    PyObject *v_total = PyLong_FromLongLong(total2);
-    PyObject *v_fw = NULL; /* made after the frames are written (their count depends on the data) */
-    PyObject *v_start = NULL; /* the slots: a view of slot_numbers, or the first slot when the ring wraps */
-    if (end <= cap) {
-        PyObject *sl = PyLong_FromLongLong(end), *st = PyLong_FromLongLong(cursor);
-        PyObject *range = (sl && st) ? PySlice_New(st, sl, NULL) : NULL;
-        v_start = range ? PyObject_GetItem(args[12], range) : NULL;
-        Py_XDECREF(sl), Py_XDECREF(st), Py_XDECREF(range);
-    } else {
-        v_start = PyLong_FromLongLong(cursor);
-    }
-    if (!v_cursor || !v_size || !v_total || !v_start) {
-        Py_XDECREF(v_cursor), Py_XDECREF(v_size), Py_XDECREF(v_total), Py_XDECREF(v_start);
-        result = NULL;
-        goto done;
-    }
 
-    /* ---- writes, in the order of FrameStorage._add; nothing below can fail but an int allocation ---- */
-    Pool pl = {(char *)p->pool.buf, P, fbytes, S, fw};
+    /* ---- writes, in the order of the Python path (frames/insert.py); nothing below can fail ---- */
+    int64_t *watermark = (int64_t *)p->watermark.buf;
+    const int64_t fw0 = *watermark;
+    Pool pl = {(char *)p->pool.buf, P, fbytes, S, fw0};
+    const long long end = cursor + count;
     for (Py_ssize_t i = 0; i < count; i++) next_refs[pmod(cursor + i, cap) * S] = -1;
     for (Py_ssize_t k = 0; k < p->nfields; k++) { /* ArrayStorage.add: one or two slice copies */
         const Py_ssize_t rb = p->row_bytes[k];
@@ -505,165 +433,40 @@ static PyObject *Plan_step(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
         for (Py_ssize_t i = 0; i < count; i++)
             if (done[i] && seen[env[i]] == i) memcpy(state + env[i] * W, state + env[i] * W + S, S * sizeof(int64_t));
     }
-    v_fw = PyLong_FromLongLong(pl.fw);
-    if (v_fw == NULL) { /* (out of memory after writing: counters unchanged, the caller's record redoes it) */
-        Py_DECREF(v_cursor), Py_DECREF(v_size), Py_DECREF(v_total), Py_DECREF(v_start);
-        result = NULL;
-        goto done;
-    }
-    /* ---- the counters and the caller's record, last (plain instance attributes: no Python code runs) ---- */
-    int bad = PyObject_SetAttr(fstore, s_cursor, v_cursor) < 0;
-    bad |= PyObject_SetAttr(fstore, s_size, v_size) < 0;
-    bad |= PyObject_SetAttr(fstore, s_total_added, v_total) < 0;
-    bad |= PyObject_SetAttr(storage, s_frames_written, v_fw) < 0;
-    bad |= PyObject_SetAttr(storage, s_retained, retained) < 0;
-    if (seq != Py_None) bad |= PyObject_SetAttr(storage, s_seen_seq, seq) < 0;
-    bad |= PyObject_SetAttr(owner, record, Py_None) < 0;
-    Py_DECREF(v_cursor), Py_DECREF(v_size), Py_DECREF(v_total), Py_DECREF(v_fw);
-    if (bad) {
-        Py_DECREF(v_start);
-        result = NULL;
-    } else {
-        result = v_start;
-    }
-    goto done;
+    *watermark = pl.fw; /* (the same call: no stack can be rebuilt from a frame it overwrote) */
+#if defined(__SSE2__)
+    _mm_sfence(); /* (the streaming stores of copy_frame are ordered before anything after the call) */
+#endif
+    written = pl.fw - fw0;
 
 fallback:
-    if (PyErr_Occurred()) PyErr_Clear(); /* (a field that exports no buffer: the Python path explains) */
-    result = Py_None;
-    Py_INCREF(result);
-done:
+    if (PyErr_Occurred()) PyErr_Clear(); /* (an array that exports no buffer: the Python path explains) */
     PyMem_Free(work);
-    for (Py_ssize_t k = 0; k < got; k++)
-        if (fheld[k]) PyBuffer_Release(&fb[k]);
+    for (Py_ssize_t k = 0; k < got; k++) PyBuffer_Release(&fb[k]);
     if (have_obs) PyBuffer_Release(&obs);
     if (have_nxt) PyBuffer_Release(&nxt);
-    return result;
+    if (have_st) PyBuffer_Release(&st);
+    if (have_sp) PyBuffer_Release(&sp);
+    return PyLong_FromLongLong(written);
 }
 
-/* add(owner, record, storage, batch): Plan.step with what FrameStorage.try_atomic_add would pass, gathered here.
- * -> what step returns; None (not covered: nothing changed); NotImplemented when the batch's stream number was
- *    not noted at its pull and the storage has an upstream (the caller notes it, then calls again).
- * Only reads before step: attribute lookups of plain instance attributes, so no Python code runs before the
- * first write either (an upstream's stream_seq, which may be a property, is read by the caller). */
-static PyObject *Plan_add(Plan *p, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "add takes 4 arguments");
-        return NULL;
-    }
-    PyObject *owner = args[0], *record = args[1], *storage = args[2], *batch = args[3];
-    if ((PyObject *)Py_TYPE(batch) != p->batch_type) Py_RETURN_NONE;
-    PyObject *d = NULL, *journal = NULL, *numbered = NULL, *seen = NULL, *check = NULL, *fstore = NULL;
-    PyObject *cursor = NULL, *size = NULL, *total = NULL, *fw = NULL, *slot_numbers = NULL, *old = NULL;
-    PyObject *entry = NULL, *retained = NULL, *result = NULL;
-    PyObject *seq = NULL; /* borrowed */
-    if ((d = PyObject_GetAttr(batch, s_fields)) == NULL) goto done;
-    if (!PyDict_CheckExact(d)) goto none;
-    if ((journal = PyObject_GetAttr(storage, s_journal)) == NULL) goto done;
-    if (journal != Py_None && owner != storage) goto none; /* a cut-short add of the storage's own comes first */
-    if ((numbered = PyObject_GetAttr(storage, s_numbered)) == NULL) goto done;
-    if (!PyTuple_CheckExact(numbered)) goto none;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(numbered); i++) {
-        PyObject *pair = PyTuple_GET_ITEM(numbered, i);
-        if (PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 && PyTuple_GET_ITEM(pair, 0) == batch)
-            seq = PyTuple_GET_ITEM(pair, 1);
-    }
-    if (seq == NULL) {
-        PyObject *upstream = PyObject_GetAttr(storage, s_upstream);
-        if (upstream == NULL) goto done;
-        int none = upstream == Py_None;
-        Py_DECREF(upstream);
-        if (!none) {
-            result = Py_NotImplemented;
-            Py_INCREF(result);
-            goto done;
-        }
-        seq = Py_None; /* no upstream: not numbered */
-    }
-    if ((seen = PyObject_GetAttr(storage, s_seen_seq)) == NULL) goto done;
-    if (seq != Py_None) { /* a cut in the stream (or the batch again): the Python path resolves what waits */
-        if (!PyLong_CheckExact(seq) || !PyLong_CheckExact(seen)) goto none;
-        long long a = PyLong_AsLongLong(seq), b = PyLong_AsLongLong(seen);
-        if (PyErr_Occurred()) goto done;
-        if (a != b + 1) goto none;
-    }
-    if ((check = PyObject_GetAttr(storage, s_check)) == NULL) goto done;
-    int trusted;
-    if (check == Py_None)
-        trusted = seq != Py_None;
-    else if (check == Py_True || check == Py_False)
-        trusted = check == Py_False;
-    else
-        goto none;
-    if ((fstore = PyObject_GetAttr(storage, s_fields)) == NULL) goto done;
-    if ((cursor = PyObject_GetAttr(fstore, s_cursor)) == NULL || (size = PyObject_GetAttr(fstore, s_size)) == NULL ||
-        (total = PyObject_GetAttr(fstore, s_total_added)) == NULL ||
-        (slot_numbers = PyObject_GetAttr(fstore, s_slot_numbers)) == NULL ||
-        (fw = PyObject_GetAttr(storage, s_frames_written)) == NULL)
-        goto done;
-    /* the newest batches' own next_obs, which a cut resolves waiting transitions from (FrameStorage._retained) */
-    PyObject *env = PyDict_GetItemWithError(d, s_env_id), *nxt = PyDict_GetItemWithError(d, s_next_obs);
-    if (env == NULL || nxt == NULL) goto check_error;
-    if ((PyObject *)Py_TYPE(env) != p->array_type || (PyObject *)Py_TYPE(nxt) != p->array_type) goto none;
-    if ((old = PyObject_GetAttr(storage, s_retained)) == NULL) goto done;
-    if (!PyTuple_CheckExact(old)) goto none;
-    if ((entry = PyTuple_Pack(3, total, env, nxt)) == NULL) goto done;
-    Py_ssize_t have = PyTuple_GET_SIZE(old), keep = have < p->n - 1 ? have : p->n - 1;
-    if ((retained = PyTuple_New(keep + 1)) == NULL) goto done;
-    for (Py_ssize_t i = 0; i < keep; i++) {
-        PyObject *item = PyTuple_GET_ITEM(old, have - keep + i);
-        Py_INCREF(item);
-        PyTuple_SET_ITEM(retained, i, item);
-    }
-    Py_INCREF(entry);
-    PyTuple_SET_ITEM(retained, keep, entry);
-    {
-        PyObject *argv[13] = {owner,  record, storage, fstore, d,     retained,    seq,
-                              trusted ? Py_True : Py_False, cursor, size, total, fw, slot_numbers};
-        result = Plan_step(p, argv, 13);
-    }
-    goto done;
-check_error:
-    if (PyErr_Occurred()) goto done;
-none:
-    result = Py_None;
-    Py_INCREF(result);
-done:
-    Py_XDECREF(d), Py_XDECREF(journal), Py_XDECREF(numbered), Py_XDECREF(seen), Py_XDECREF(check);
-    Py_XDECREF(fstore), Py_XDECREF(cursor), Py_XDECREF(size), Py_XDECREF(total), Py_XDECREF(fw);
-    Py_XDECREF(slot_numbers), Py_XDECREF(old), Py_XDECREF(entry), Py_XDECREF(retained);
-    return result;
-}
-
-static PyMethodDef Plan_methods[] = {
-    {"add", (PyCFunction)(void (*)(void))Plan_add, METH_FASTCALL,
-     "add(owner, record, storage, batch) -> step(...) with the arguments FrameStorage.try_atomic_add would pass "
-     "(None: not covered; NotImplemented: note the batch's stream number, then call again)"},
-    {"step", (PyCFunction)(void (*)(void))Plan_step, METH_FASTCALL,
-     "step(owner, record, storage, fields_storage, batch_fields, retained, seq, trusted, cursor, size, total_added, "
-     "frames_written, slot_numbers) -> the slots written (the first slot, an int, when the ring wraps), or None "
-     "when the batch is not covered (nothing changed)"},
+static PyMethodDef Kernel_methods[] = {
+    {"insert", (PyCFunction)(void (*)(void))Kernel_insert, METH_FASTCALL,
+     "insert(arrays, state, spare, trusted, cursor, total_added) -> frames written, or -1 when the batch is not "
+     "covered (nothing changed). arrays: (obs, next_obs, *fields); the new per-env state goes into spare."},
     {NULL, NULL, 0, NULL},
 };
 
-static PyObject *Plan_get_views(Plan *p, void *closure) { return PyBool_FromLong(p->views); }
-
-static PyGetSetDef Plan_getset[] = {
-    {"views", (getter)Plan_get_views, NULL, "whether batch arrays are read through numpy's array head", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyTypeObject PlanType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ptl_rl.buffers._frame_insert.Plan",
-    .tp_basicsize = sizeof(Plan),
+static PyTypeObject KernelType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ptl_rl.buffers._frame_insert.Kernel",
+    .tp_basicsize = sizeof(Kernel),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Plan(pool, obs_refs, next_refs, state, pending, names, fields, batch_type, array_type): a "
-              "FrameStorage's arrays, held as buffers, for its compiled insert",
+    .tp_doc = "Kernel(pool, obs_refs, next_refs, pending, watermark, fields, env_k, terminated_k, truncated_k, n): "
+              "a FrameStorage's arrays, held as buffers, for its compiled insert",
     .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Plan_init,
-    .tp_dealloc = (destructor)Plan_dealloc,
-    .tp_methods = Plan_methods,
-    .tp_getset = Plan_getset,
+    .tp_init = (initproc)Kernel_init,
+    .tp_dealloc = (destructor)Kernel_dealloc,
+    .tp_methods = Kernel_methods,
 };
 
 static struct PyModuleDef module = {
@@ -672,20 +475,12 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__frame_insert(void) {
-    if (PyType_Ready(&PlanType) < 0) return NULL;
-    const char *names[] = {"cursor",    "size",     "total_added", "frames_written", "_retained",     "_seen_seq",
-                           "obs",       "next_obs", "_fields",     "_journal",       "_numbered",     "_upstream",
-                           "check",     "_slot_numbers", "env_id"};
-    PyObject **slots[] = {&s_cursor,   &s_size,      &s_total_added, &s_frames_written, &s_retained,
-                          &s_seen_seq, &s_obs,       &s_next_obs,    &s_fields,         &s_journal,
-                          &s_numbered, &s_upstream,  &s_check,       &s_slot_numbers,   &s_env_id};
-    for (int i = 0; i < 15; i++)
-        if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
+    if (PyType_Ready(&KernelType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    Py_INCREF(&PlanType);
-    if (PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) {
-        Py_DECREF(&PlanType);
+    Py_INCREF(&KernelType);
+    if (PyModule_AddObject(m, "Kernel", (PyObject *)&KernelType) < 0) {
+        Py_DECREF(&KernelType);
         Py_DECREF(m);
         return NULL;
     }

@@ -23,12 +23,36 @@ from typing import Any
 import numpy as np
 import torch
 
-from ptl_rl.buffers.frames import redraw_unsampleable
 from ptl_rl.buffers.sumtree import SumTree
 from ptl_rl.schedules import Schedule, as_schedule
 
 BETA_CLOCKS = ("learner", "env")
 _LOG_MAX_FLOAT = math.log(np.finfo(np.float64).max) - 1.0  # margin for the rounding of pow
+
+
+def redraw_unsampleable(
+    sampleable: Any, drawn: tuple[np.ndarray, ...], draw: Any, max_rounds: int = 100
+) -> tuple[np.ndarray, ...]:
+    """Replace the rows of ``drawn`` (arrays [B], the first the slots) that ``sampleable`` rejects by fresh draws.
+
+    ``draw(count)`` returns ``count`` new rows as a tuple like ``drawn``. Rejection
+    keeps each buffer's sampling distribution, restricted to sampleable slots.
+    """
+    drawn = tuple(np.array(a, copy=True) for a in drawn)
+    for _ in range(max_rounds):
+        bad = np.flatnonzero(~sampleable(drawn[0]))
+        if len(bad) == 0:
+            return drawn
+        fresh = draw(len(bad))
+        for array, new in zip(drawn, fresh, strict=True):
+            array[bad] = new
+    raise ValueError(
+        f"after {max_rounds} redraws some sampled transitions still wait for their next_obs or lost their frames: "
+        "the buffer holds too few sampleable transitions. Raise warmup (so sampling starts once more than "
+        "num_envs * n_step transitions are stored) or FrameStorage's extra_frames. If almost no stored "
+        "transition ever becomes sampleable, FrameStorage(n_step=...) may differ from the n of the "
+        "NStepTransform that feeds it (with check=False nothing compares them)"
+    )
 
 
 class SlotDraws:
@@ -64,8 +88,10 @@ class SlotDraws:
         self.batches_sampled += 1
         indices, leaves = self.tree.sample(rng.random(batch_size), self.stratified)
         if sampleable is not None:
-            # (int(): the lambda's untyped count would pick the stubs' float-returning overload of random)
-            draw = lambda count: self.tree.sample(rng.random(int(count)), False)  # noqa: E731
+
+            def draw(count: int) -> tuple[np.ndarray, np.ndarray]:
+                return self.tree.sample(rng.random(count), False)
+
             indices, leaves = redraw_unsampleable(sampleable, (indices, leaves), draw)
         return indices, None if beta is None else self._importance_weights(leaves, beta)
 

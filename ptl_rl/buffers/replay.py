@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ptl_rl._reprs import stage_repr
 from ptl_rl._state import check_version, versioned
 from ptl_rl.batch import TransitionBatch
-from ptl_rl.buffers.frames import redraw_unsampleable
+from ptl_rl.buffers.draws import redraw_unsampleable
 from ptl_rl.buffers.shuffle import ShuffledPasses
 from ptl_rl.buffers.storage import ArrayStorage
+from ptl_rl.buffers.unfinished import UnfinishedAdd
 from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns
 from ptl_rl.protocols import (
     NumberedStream,
@@ -96,13 +97,13 @@ class ReplayBuffer:
         replacement: bool = True,
         storage: Callable[[int], Storage] | None = None,
     ) -> None:
-        self.storage: Storage = ArrayStorage(capacity) if storage is None else _checked_storage(storage(capacity))
+        self.storage: Storage = _checked_storage(ArrayStorage(capacity) if storage is None else storage(capacity))
         # what the storage can do beyond the Storage protocol, looked up once (ptl_rl.protocols)
         self._stream_bound = isinstance(self.storage, StreamBoundStorage)
         self._partly_sampleable = isinstance(self.storage, PartlySampleableStorage)
         self._upstream_numbered = isinstance(upstream, NumberedStream)  # its stream_seq is read at every pull
-        if isinstance(self.storage, StreamBoundStorage):  # (the flag above, said so that the checker narrows)
-            self.storage.bind_upstream(upstream)
+        if self._stream_bound:
+            cast(StreamBoundStorage, self.storage).bind_upstream(upstream)
         if warmup is None:
             warmup = min(1_000, self.storage.capacity)
         if not 0 <= warmup <= capacity:
@@ -122,11 +123,11 @@ class ReplayBuffer:
         self.replacement = bool(replacement)
         self.passes = ShuffledPasses()  # the order of sampling without replacement
         self._credit = 0  # transitions collected but not yet spent on a yield
-        # (storage snapshot, batch) while an add is under way: still set on entry means the
-        # previous add was interrupted, possibly between two fields of a row (see add)
-        self._unfinished_add: tuple[Any, TransitionBatch] | None = None
-        # `storage.try_atomic_add(batch, owner, record)` (FrameStorage's compiled insert): the batch written and
-        # owner.<record> cleared in one call no interrupt can split, or None and nothing changed; no snapshot then
+        # the record of an add under way: not done on entry means the previous add was interrupted,
+        # possibly between two fields of a row (see add and UnfinishedAdd); one record, rewritten by each add
+        self._unfinished_add = UnfinishedAdd()
+        # `storage.try_atomic_add(batch, record)` (FrameStorage's compiled insert): the batch stored and the record
+        # marked done in one commit, or None and nothing changed; no snapshot is taken then
         self._atomic_add = getattr(self.storage, "try_atomic_add", None)
         # time accounting (ptl_rl.profile): the stage's own time is the credit loop; add() is its part
         self._insert_clock = StageClock("insert", "transitions")
@@ -166,10 +167,9 @@ class ReplayBuffer:
 
     def _pull(self) -> np.ndarray:
         """Add the upstream's next batch; returns its slots."""
-        batch = next(self.upstream)  # type: ignore[arg-type]  # __next__ refused a buffer without an upstream
+        batch = next(cast(Iterator[TransitionBatch], self.upstream))  # (__next__ refused a buffer without one)
         if self._stream_bound:  # (the number as of the pull: an interrupted add is redone after the next pull)
-            # the flag caches isinstance(storage, StreamBoundStorage), which the checker cannot follow
-            self.storage.note_stream_seq(batch, self._upstream_stream_seq())  # type: ignore[attr-defined]
+            cast(StreamBoundStorage, self.storage).note_stream_seq(batch, self._upstream_stream_seq())
         if not SWITCH.on:
             return self._add_pulled(batch)
         # timed here, not in add(): a standalone add() (offline filling, the add benchmark) pays nothing for it
@@ -180,8 +180,7 @@ class ReplayBuffer:
 
     def _upstream_stream_seq(self) -> int | None:
         """The upstream's :class:`~ptl_rl.protocols.NumberedStream` number of its last batch (``None``: unnumbered)."""
-        # the flag caches isinstance(upstream, NumberedStream) (an isinstance per pull costs ~20 us)
-        return self.upstream.stream_seq if self._upstream_numbered else None  # type: ignore[union-attr]
+        return cast(NumberedStream, self.upstream).stream_seq if self._upstream_numbered else None
 
     def _add_pulled(self, batch: TransitionBatch) -> np.ndarray:
         """Add a batch pulled from upstream (a hook for buffers that watch the upstream's stream)."""
@@ -196,52 +195,55 @@ class ReplayBuffer:
         and some of the row it overwrites. The next ``add`` therefore first rolls the storage's
         counters back (all its bookkeeping, for a storage with ``snapshot``/``restore``; see
         :func:`storage_snapshot`) and writes the interrupted batch again, in full, into the same slots.
-        A storage with ``try_atomic_add`` (``FrameStorage``'s compiled insert) writes the batch and
-        clears this record in one call that no interrupt can split, so no snapshot is taken then.
+        A storage with ``try_atomic_add`` (``FrameStorage``'s compiled insert) stores the batch and
+        marks this record done in one commit statement, so no snapshot is taken then.
 
         A batch the storage refuses (``ValueError``/``TypeError``: a wrong shape or dtype, stacks that
         do not fit) is refused before anything is written: the buffer stays as it was, and the batch
         is forgotten, not redone by the next call.
         """
-        if self._unfinished_add is not None:  # (checked here: a call fewer on the common add)
+        record = self._unfinished_add
+        if not record.done:  # (checked here: a call fewer on the common add)
             self._finish_interrupted_add()
         storage = self.storage
-        self._unfinished_add = (None, batch)  # (a storage's snapshot runs code an interrupt can cut short)
-        if self._atomic_add is not None:  # a storage that writes the batch and clears the record in one step
-            slots = self._atomic_add(batch, self, "_unfinished_add")
+        # (set before the snapshot, in one statement: taking the snapshot runs storage code an interrupt can cut short)
+        record.batches, record.snapshot, record.done = (batch,), None, False
+        if self._atomic_add is not None:  # a storage that stores the batch and marks the record done in one commit
+            slots = self._atomic_add(batch, record)
             if slots is not None:
                 return slots
-        saved = storage_snapshot(storage)
-        self._unfinished_add = (saved, batch)
+        saved = record.snapshot = storage_snapshot(storage)
         try:
             slots = storage.add(batch)
         except (TypeError, ValueError):
             self._refused(saved)
             raise
-        self._unfinished_add = None
+        record.done = True
         return slots
 
     def _refused(self, saved: Any) -> None:
         """Forget a batch the storage refused: an error in the data, not an interrupt, so it is never redone."""
         # (the storages refuse before writing; the roll-back covers one that does not)
         restore_storage(self.storage, saved)
-        self._unfinished_add = None
+        self._unfinished_add.done = True
 
     def _finish_interrupted_add(self) -> None:
         """Write again, in full, a batch whose add an interrupt cut short (before anything reads the storage)."""
-        if self._unfinished_add is None:
+        record = self._unfinished_add
+        if record.done:
             return
         storage = self.storage
-        saved, unfinished = self._unfinished_add
-        if saved is None:  # cut short while taking the snapshot: nothing was written
+        saved = record.snapshot
+        if saved is None:  # cut short before the snapshot: nothing the storage counts was written
             saved = storage_snapshot(storage)
         restore_storage(storage, saved)
         try:
-            storage.add(unfinished)
+            for batch in record.batches:
+                storage.add(batch)
         except (TypeError, ValueError):
             # refused: the interrupt landed before the storage's check, which refuses it now (before any write)
             restore_storage(storage, saved)
-        self._unfinished_add = None
+        record.done = True
 
     def sample(self, batch_size: int) -> TransitionBatch:
         """``batch_size`` transitions drawn uniformly with replacement, as numpy arrays [batch_size, ...]."""
@@ -252,15 +254,14 @@ class ReplayBuffer:
         indices = self.rng.integers(0, len(self.storage), batch_size)
         if self._partly_sampleable:
             draw = lambda count: (self.rng.integers(0, len(self.storage), count),)  # noqa: E731
-            # the flag caches isinstance(storage, PartlySampleableStorage), which the checker cannot follow
-            (indices,) = redraw_unsampleable(self.storage.sampleable, (indices,), draw)  # type: ignore[attr-defined]
+            (indices,) = redraw_unsampleable(cast(PartlySampleableStorage, self.storage).sampleable, (indices,), draw)
         return self.storage.gather(indices)
 
     def _only_sampleable(self, indices: np.ndarray) -> np.ndarray:
         """``indices`` without the slots the storage cannot sample yet (all of them for an ArrayStorage)."""
         if not self._partly_sampleable:
             return indices
-        return indices[self.storage.sampleable(indices)]  # type: ignore[attr-defined]  # (the flag, as in sample)
+        return indices[cast(PartlySampleableStorage, self.storage).sampleable(indices)]
 
     def epoch(self, batch_size: int) -> Iterator[TransitionBatch]:
         """One fresh shuffled pass: every stored transition exactly once, in batches of ``batch_size``.
@@ -298,7 +299,7 @@ class ReplayBuffer:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_version(state, self.STATE_VERSION, type(self).__name__)
-        self._unfinished_add = None  # the restored storage replaces whatever was being written
+        self._unfinished_add.done = True  # the restored storage replaces whatever was being written
         self.storage.load_state_dict(state["storage"])
         self.rng.bit_generator.state = state["rng"]
         self._credit = int(state["credit"])

@@ -386,8 +386,8 @@ def test_a_falsy_space_passed_to_the_recorder_is_the_space_used():
 
 
 def test_rows_equal_matches_a_row_by_row_comparison():
-    """_rows_equal (the recorder's check that rows follow each other) against a loop over rows and leaves."""
-    from ptl_rl.offline import _rows_equal
+    """rows_equal_nan_as_equal (the recorder's check that rows follow each other) against a loop over rows and leaves."""
+    from ptl_rl.offline import rows_equal_nan_as_equal
 
     rng = np.random.default_rng(0)
     for _ in range(50):
@@ -402,9 +402,9 @@ def test_rows_equal_matches_a_row_by_row_comparison():
             np.array_equal(a["x"][i], b["x"][i], equal_nan=True) and a["y"]["z"][i] == b["y"]["z"][i]
             for i in range(rows)
         ]
-        assert _rows_equal(a, b, rows).tolist() == expected
+        assert rows_equal_nan_as_equal(a, b, rows).tolist() == expected
     # a tree without leaves (an empty Dict observation): every row is equal, not None
-    assert _rows_equal({}, {}, 3).tolist() == [True, True, True]
+    assert rows_equal_nan_as_equal({}, {}, 3).tolist() == [True, True, True]
 
 
 def test_recorder_rejects_rows_that_are_not_consecutive_steps():

@@ -20,6 +20,7 @@ import copy
 import functools
 import os
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ from test_frame_storage import check_against_reference, make_env, random_agent, 
 
 from ptl_rl import ExperienceSource, FrameStorage, NStepTransform, ReplayBuffer, TransitionBatch
 from ptl_rl.buffers import frames as frames_module
+from ptl_rl.buffers.unfinished import UnfinishedAdd
 
 compiled = pytest.mark.skipif(
     frames_module._frame_insert is None, reason="ptl_rl.buffers._frame_insert is not built (no C compiler?)"
@@ -41,7 +43,7 @@ def test_extension_is_built_in_ci():
         if os.environ.get("CI"):
             pytest.fail("CI is set but ptl_rl.buffers._frame_insert was not built: see the pip install log")
         pytest.skip("ptl_rl.buffers._frame_insert is not built: FrameStorage uses its Python path")
-    assert hasattr(frames_module._frame_insert, "Plan")
+    assert hasattr(frames_module._frame_insert, "Kernel")
 
 
 class Numbered:
@@ -251,11 +253,12 @@ def test_compiled_insert_is_left_for_layouts_it_does_not_cover():
     last_axis = FrameStorage(10, stack_axis=-1, n_step=1, check=False)
     last_axis.compiled = True
     last_axis.add(batch)
-    assert last_axis.try_atomic_add(batch, last_axis, "_journal") is None and last_axis._plan is False
+    assert last_axis.try_atomic_add(batch, UnfinishedAdd((batch,), done=False)) is None and last_axis._kernel is False
     first_axis = FrameStorage(10, stack_axis=0, n_step=1, check=False)
     first_axis.compiled = True
     first_axis.add(batch)
-    assert first_axis.try_atomic_add(batch, first_axis, "_journal") is None  # float64 rewards stored as float32
+    record = UnfinishedAdd((batch,), done=False)
+    assert first_axis.try_atomic_add(batch, record) is None  # float64 rewards stored as float32
     assert first_axis.total_added == 2
 
 
@@ -282,14 +285,14 @@ def test_long_batches_of_few_envs_wrap_alike(check):
 
 
 @compiled
-def test_a_storage_with_a_plan_copies_and_pickles():
-    """The compiled insert's plan (a C object holding the arrays) is dropped on copy and rebuilt by the next add."""
+def test_a_storage_with_a_kernel_copies_and_pickles():
+    """The compiled kernel (a C object holding the arrays) is dropped on copy and bound again by the next add."""
     batches = synthetic_batches(2, 3, 4, 3, 30, 0.1, 3, False)
     storage = FrameStorage(50, stack_axis=0, n_step=3, check=False)
     storage.compiled = True
     for batch in batches[:15]:
         storage.add(batch)
-    assert storage._plan not in (None, False)
+    assert storage._kernel not in (None, False)
     twin = pickle.loads(pickle.dumps(storage))
     other = copy.deepcopy(storage)
     for batch in batches[15:]:
@@ -297,14 +300,14 @@ def test_a_storage_with_a_plan_copies_and_pickles():
             s.add(batch)
     assert_same(twin, storage, "pickled")
     assert_same(other, storage, "deep-copied")
-    assert twin._plan not in (None, False)
+    assert twin._kernel not in (None, False)
 
 
 @compiled
 @pytest.mark.parametrize("check", [False, True])
-def test_arrays_read_in_place_or_exported_store_alike(check):
-    """Plain numpy arrays are read through their array head; arrays whose dtype is another object (unpickled,
-    as AsyncSource delivers them) are exported as buffers; strided fields go to the Python path: all store alike."""
+def test_plain_unpickled_and_strided_arrays_store_alike(check):
+    """Plain numpy arrays and arrays whose dtype is another object (unpickled, as AsyncSource delivers them) are
+    read through the buffer protocol; strided fields go to the Python path: all store alike."""
     batches = synthetic_batches(5, 3, 4, 3, 60, 0.1, 3, False)
     make = functools.partial(FrameStorage, 40, stack_axis=0, n_step=3, extra_frames=200, check=check)
     in_place, exported, strided, pure = make(), make(), make(), make()
@@ -321,6 +324,16 @@ def test_arrays_read_in_place_or_exported_store_alike(check):
             storage.add(b)
         for storage in (in_place, exported, strided):
             assert_same(storage, pure, f"add {i}")
-    assert in_place._plan.views  # (the array-head layout matched this numpy's)
     # (a one-row strided field is contiguous all the same: those adds stay compiled)
     assert counts[0].taken > 10 and counts[1].taken > 10 and counts[2].taken < counts[0].taken // 2
+
+
+def test_the_kernel_is_plain_c_on_buffers():
+    """The C file reads no Python attribute and no numpy object layout: only buffers, integers and tuples.
+
+    A rename in ``ptl_rl/buffers/frames/`` cannot break the compiled path silently, and no numpy version is
+    tied to the build (issue #22). Its arguments are checked when the kernel is built and on every insert.
+    """
+    source = (Path(frames_module.__file__).parent.parent / "_frame_insert.c").read_text()
+    for banned in ("GetAttr", "SetAttr", "PyArrayObject", "->descr", "numpy/", "PyDict_GetItem"):
+        assert banned not in source, banned

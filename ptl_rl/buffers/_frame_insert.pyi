@@ -1,0 +1,34 @@
+# Type stub of the optional compiled frame insert (_frame_insert.c): mypy cannot read an extension module.
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+class Kernel:
+    """A FrameStorage's long-lived arrays held as buffers; ``insert`` writes one batch into them."""
+
+    def __init__(
+        self,
+        pool: np.ndarray,
+        obs_refs: npt.NDArray[np.int64],
+        next_refs: npt.NDArray[np.int64],
+        pending: np.ndarray,
+        watermark: npt.NDArray[np.int64],
+        fields: tuple[np.ndarray, ...],
+        env_k: int,
+        terminated_k: int,
+        truncated_k: int,
+        n: int,
+        /,
+    ) -> None: ...
+    def insert(
+        self,
+        arrays: tuple[Any, ...],
+        state: npt.NDArray[np.int64],
+        spare: npt.NDArray[np.int64],
+        trusted: bool,
+        cursor: int,
+        total_added: int,
+        /,
+    ) -> int:
+        """Frames written (the watermark advanced by them), or -1: the batch is not covered, nothing changed."""
