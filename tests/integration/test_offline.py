@@ -386,7 +386,7 @@ def test_a_falsy_space_passed_to_the_recorder_is_the_space_used():
 
 
 def test_rows_equal_matches_a_row_by_row_comparison():
-    """rows_equal_nan_as_equal (the recorder's check that rows follow each other) against a loop over rows and leaves."""
+    """rows_equal_nan_as_equal (the recorder's check that rows follow) against a loop over rows and leaves."""
     from ptl_rl.offline import rows_equal_nan_as_equal
 
     rng = np.random.default_rng(0)
