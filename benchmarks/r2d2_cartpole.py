@@ -50,8 +50,8 @@ def commit() -> str:
     return (out.stdout.strip() or "unknown") + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def load() -> list[dict]:
-    return json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+def load(path: Path = RESULTS) -> list[dict]:
+    return json.loads(path.read_text()) if path.exists() else []
 
 
 def table(records: list[dict]) -> str:
@@ -78,9 +78,10 @@ def main() -> None:
     p.add_argument("--arms", nargs="+", default=["lstm", "mlp"], choices=["lstm", "gru", "mlp"])
     p.add_argument("--env-steps", type=int, default=100_000)
     p.add_argument("--table", action="store_true", help="print the table of the recorded runs and exit")
+    p.add_argument("--results", type=Path, default=RESULTS, help="the JSON file of records (one per process)")
     args = p.parse_args()
     if args.table:
-        print(table(load()))
+        print(table(load(args.results)))
         return
 
     from ptl_rl.examples import r2d2  # noqa: PLC0415 - after the arguments, so --help answers at once
@@ -91,15 +92,15 @@ def main() -> None:
             argv = ["--core", arm, "--seed", str(seed), "--env-steps", str(args.env_steps), "--runs-dir", "",
                     "--no-progress-bar", "--no-tensorboard"]  # fmt: skip
             config = vars(r2d2.parse_args(argv))
-            if any(r["commit"] == here and r["config"] == config for r in load()):
+            if any(r["commit"] == here and r["config"] == config for r in load(args.results)):
                 continue
             summary = r2d2.train(r2d2.parse_args(argv))
             record = {"config": config, **{k: summary[k] for k in KEEP}, "commit": here}
             record["load_average"] = os.getloadavg()[0]
             print(f"{arm:<4} seed {seed}: final {summary['final_eval_return']:.1f}, {summary['stopped']}", flush=True)
-            RESULTS.parent.mkdir(parents=True, exist_ok=True)
-            RESULTS.write_text(json.dumps([*load(), record], indent=1, default=str) + "\n")
-    print(table(load()))
+            args.results.parent.mkdir(parents=True, exist_ok=True)
+            args.results.write_text(json.dumps([*load(args.results), record], indent=1, default=str) + "\n")
+    print(table(load(args.results)))
 
 
 if __name__ == "__main__":
