@@ -79,6 +79,7 @@ def main() -> None:
     p.add_argument("--env-steps", type=int, default=100_000)
     p.add_argument("--table", action="store_true", help="print the table of the recorded runs and exit")
     p.add_argument("--results", type=Path, default=RESULTS, help="the JSON file of records (one per process)")
+    p.add_argument("--runs-dir", default="", help="also write each run's directory here (evaluations as they come)")
     args = p.parse_args()
     if args.table:
         print(table(load(args.results)))
@@ -91,7 +92,8 @@ def main() -> None:
         for arm in args.arms:  # interleaved: the machine's load drifts, and both arms see the same drift
             argv = ["--core", arm, "--seed", str(seed), "--env-steps", str(args.env_steps), "--runs-dir", "",
                     "--no-progress-bar", "--no-tensorboard"]  # fmt: skip
-            config = vars(r2d2.parse_args(argv))
+            config = vars(r2d2.parse_args(argv))  # without the run directory: the same config wherever it is written
+            argv[argv.index("--runs-dir") + 1] = args.runs_dir
             if any(r["commit"] == here and r["config"] == config for r in load(args.results)):
                 continue
             summary = r2d2.train(r2d2.parse_args(argv))
