@@ -158,6 +158,8 @@ class FeedForwardCore(nn.Module):
 class RecurrentQNetwork(nn.Module):
     """obs [B, obs_dim] and state [B, S] -> Q-values [B, A] and the next state (``step``); [B, T, ...] (``forward``)."""
 
+    obs_scale: torch.Tensor  # a buffer: 1 / the observations' bounds
+
     def __init__(
         self, obs_dim: int, num_actions: int, hidden: int, core: str = "lstm", obs_bound: list[float] | None = None
     ) -> None:
