@@ -90,6 +90,10 @@ _PUBLIC_API: dict[str, str] = {
     "load_pipeline_state_dict": "ptl_rl.stages",
     "pipeline_stages": "ptl_rl.stages",
     "pipeline_state_dict": "ptl_rl.stages",
+    "RecurrentCore": "ptl_rl.recurrent",
+    "RecurrentDQNAgent": "ptl_rl.recurrent",
+    "RecurrentQNet": "ptl_rl.recurrent",
+    "sequence_nstep_targets": "ptl_rl.recurrent",
 }
 
 __all__ = [
@@ -135,6 +139,9 @@ __all__ = [
     "PrioritizedReplayBuffer",
     "RLDataModule",
     "RecordedEpisode",
+    "RecurrentCore",
+    "RecurrentDQNAgent",
+    "RecurrentQNet",
     "ReplayBuffer",
     "RolloutBuffer",
     "ScaleRewards",
@@ -161,6 +168,7 @@ __all__ = [
     "rank_seed",
     "record_episodes",
     "run_episodes",
+    "sequence_nstep_targets",
     "set_profiling",
     "to_dataloader",
     "versioned",
@@ -221,6 +229,7 @@ if TYPE_CHECKING:
     from ptl_rl.offline import MinariRecorder, MinariSource, minari_replay_buffer, open_minari_dataset
     from ptl_rl.profiling import PipelineProfile, profile, set_profiling
     from ptl_rl.ranks import assign_rank, rank_seed
+    from ptl_rl.recurrent import RecurrentCore, RecurrentDQNAgent, RecurrentQNet, sequence_nstep_targets
     from ptl_rl.sampler import BatchSampler
     from ptl_rl.schedules import LinearSchedule
     from ptl_rl.selectors import ArgmaxSelector, EpsilonGreedySelector

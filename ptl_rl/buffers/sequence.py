@@ -56,9 +56,11 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
     * ``mask`` bool [B, T]: True where the position holds a real step. The
       burn-in is padded at the front when the episode began less than
       ``burn_in`` steps before the start; the window is padded at the end only
-      for episodes shorter than ``length``. A padded position repeats the
-      nearest real step (so ``batch.hidden[:, 0]`` is the stored state of the
-      first real step); mask it out of losses and recurrent updates;
+      where its episode ends before it does (for episodes shorter than
+      ``length``, or with ``pad_end`` for every window that reaches past an
+      end). A padded position repeats the nearest real step (so
+      ``batch.hidden[:, 0]`` is the stored state of the first real step);
+      mask it out of losses and recurrent updates;
     * ``indices`` int64 [B] (the start slot), ``generations`` int64 [B], and
       with ``prioritized=True`` ``weights`` float32 [B] and the
       ``batch.update_priorities(td_errors [B])`` link (reduce per-step errors
@@ -70,6 +72,17 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
     Args:
         length: steps in the training window, ``>= 1``.
         burn_in: steps before the window, ``>= 0``.
+        pad_end: also start windows at the last ``length - 1`` steps of each
+            finished episode, padded at the end (R2D2's last sequence of an
+            episode). Without it (the default) only a step followed by
+            ``length - 1`` steps of its episode starts a window (or the first
+            step of a finished episode shorter than ``length``), so the steps
+            near an episode's end, its terminal step among them, fall in fewer
+            windows than the others: a step ``d < length`` steps from the end
+            in ``d + 1`` windows instead of ``length``. With it every stored
+            step of a finished episode is in ``length`` windows, like the
+            steps of the middle (an episode cut by a stream gap gets no tail
+            windows: it has no end step).
         prioritized: sample windows proportionally to ``priority ** alpha`` of
             their start (with importance weights), else uniformly over the
             window starts.
@@ -109,6 +122,7 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
         *,
         length: int,
         burn_in: int = 0,
+        pad_end: bool = False,
         prioritized: bool = False,
         alpha: float = 0.6,
         beta: float | Schedule = 0.4,
@@ -140,6 +154,7 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
         )
         self.length = int(length)
         self.burn_in = int(burn_in)
+        self.pad_end = bool(pad_end)
         slots = np.arange(self.capacity, dtype=np.int64)
         self.next_slot = slots.copy()  # self-link: no following step (yet)
         self.prev_slot = slots.copy()  # self-link: no preceding step stored
@@ -341,12 +356,22 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
         done: np.ndarray,
         slots: np.ndarray,
     ) -> np.ndarray:
-        """Slots that became window starts: full windows ending at a new row, and starts of short episodes."""
+        """Slots that became window starts: full windows ending at a new row, and starts of short episodes.
+
+        With ``pad_end``, an episode end also makes a start of each of its steps whose window reaches past it.
+        """
         length = self.length
         steps_in = k - episode_start  # steps of the episode before each row
         which = np.flatnonzero(steps_in >= length - 1)  # the window ending at this row lies in one episode
         step = k[which] - (length - 1)
-        if done.any():  # a whole episode shorter than the window just ended: its first step
+        if done.any() and self.pad_end:  # every step whose window reaches past the episode's end just ended
+            ended = np.flatnonzero(done)
+            first = np.maximum(episode_start[ended], k[ended] - (length - 2))
+            counts = k[ended] - first + 1  # 0 for length 1: every step already started a full window
+            offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+            which = np.concatenate([which, np.repeat(ended, counts)])
+            step = np.concatenate([step, np.repeat(first, counts) + offsets])
+        elif done.any():  # a whole episode shorter than the window just ended: its first step
             short = np.flatnonzero(done & (steps_in < length - 1))
             which = np.concatenate([which, short])
             step = np.concatenate([step, episode_start[short]])
@@ -484,4 +509,6 @@ class SequenceReplayBuffer(IndexedReplayBuffer):
     def __repr__(self) -> str:
         """Steps stored, window starts that can be sampled, window shape, and the chain upstream."""
         shape = {"length": self.length, "burn_in": self.burn_in, "prioritized": self.prioritized}
+        if self.pad_end:
+            shape["pad_end"] = True
         return stage_repr(self, **self._size_counters(), windows=self.num_windows, **shape)

@@ -21,7 +21,7 @@ from ptl_rl.examples import cli
 
 ROOT = REPO
 TESTS = SUPPORT  # catch_env, for dqn_atari's smoke run
-EXAMPLES = ["dqn", "dqn_atari", "a2c", "ppo", "sac", "offline_bc"]
+EXAMPLES = ["dqn", "dqn_atari", "a2c", "ppo", "sac", "offline_bc", "r2d2"]
 RUN_FILES = {"config.json", "hparams.yaml", "metrics.csv", "episodes.csv", "evaluations.csv", "summary.json"}
 
 # tiny runs: (module, argv); every one evaluates at least once and writes a run directory
@@ -37,6 +37,8 @@ TINY = {
     "sac": ["--env-steps", "500", "--learning-starts", "300", "--batch-size", "64", "--hidden", "32",
             "--eval-every", "250", "--eval-episodes", "1", "--final-eval-episodes", "1", "--action-noise", "ou"],
     "offline_bc": ["--epochs", "1", "--steps-per-epoch", "20", "--final-eval-episodes", "2"],
+    "r2d2": ["--env-steps", "1200", "--learning-starts", "400", "--length", "4", "--burn-in", "2", "--batch-size", "8",
+             "--eval-every", "600", "--eval-episodes", "2", "--final-eval-episodes", "2"],
 }  # fmt: skip
 
 
@@ -168,7 +170,9 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 @pytest.mark.parametrize("name", list(TINY))
 def test_a_run_writes_its_directory(name, runs):
     summary, run_dir = runs[name]
-    env_part = {"dqn_atari": "catch_env-PixelCatch-v0", "sac": "Pendulum-v1"}.get(name, "CartPole-v1")
+    env_part = {"dqn_atari": "catch_env-PixelCatch-v0", "sac": "Pendulum-v1", "r2d2": "CartPoleNoVelocity-v1"}.get(
+        name, "CartPole-v1"
+    )
     assert run_dir.name.startswith(f"{name}_{env_part}_3_2")  # then the start time, YYYYmmdd-HHMMSS
     files = {path.name for path in run_dir.iterdir()}
     assert RUN_FILES <= files, f"missing {RUN_FILES - files}"

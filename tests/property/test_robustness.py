@@ -790,21 +790,29 @@ def _sequence_state(buffer: Any) -> dict[str, np.ndarray]:
     }
 
 
-@pytest.mark.parametrize("prioritized", [False, True])
+@pytest.mark.parametrize(("prioritized", "pad_end"), [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("target", ["ptl_rl.buffers.sequence", "ptl_rl.buffers.storage"])
-def test_sequence_add_interrupted_anywhere_is_redone_in_full(target, prioritized):
+def test_sequence_add_interrupted_anywhere_is_redone_in_full(target, prioritized, pad_end):
     """An interrupt at any line of an add (storage write or linking) changes nothing once the next add ran."""
     batches = _sequence_batches()
     target_file = sys.modules[target].__file__
     injector = Injector({"target": lambda code: code.co_filename == target_file})
 
     def build() -> Any:
-        return ptl_rl.SequenceReplayBuffer(None, capacity=16, length=3, burn_in=1, prioritized=prioritized, warmup=0)
+        return ptl_rl.SequenceReplayBuffer(
+            None, capacity=16, length=3, burn_in=1, pad_end=pad_end, prioritized=prioritized, warmup=0
+        )
 
     clean = build()
     for batch in batches:
         clean.add(batch)
-    wrap = next(i for i in range(len(batches)) if sum(map(len, batches[: i + 1])) > 16 and len(batches[i]) == 5)
+    ends = [bool((b["terminated"] | b["truncated"]).any()) for b in batches]
+    # with pad_end, an add that ends an episode (its tail starts are added then)
+    wrap = next(
+        i
+        for i in range(len(batches))
+        if sum(map(len, batches[: i + 1])) > 16 and (ends[i] if pad_end else len(batches[i]) == 5)
+    )
     reference = build()
     for batch in batches[:wrap]:
         reference.add(batch)

@@ -67,7 +67,7 @@ def as_batch(rows: list[dict], flip: np.random.Generator) -> TransitionBatch:
     )
 
 
-def reference_starts(rows: list[dict], stored: set[int], length: int) -> set[int]:
+def reference_starts(rows: list[dict], stored: set[int], length: int, pad_end: bool = False) -> set[int]:
     """Orders of the steps that may start a window: brute force over the rows added so far."""
     episodes: dict[int, list[dict]] = {}
     for r in rows:
@@ -82,6 +82,8 @@ def reference_starts(rows: list[dict], stored: set[int], length: int) -> set[int
                 starts.add(r["order"])
             elif ended and len(steps) < length and i == 0:  # a short, finished episode from its first step
                 starts.add(r["order"])
+            elif ended and pad_end:  # pad_end: every step of a finished episode, its window padded at the end
+                starts.add(r["order"])
     return starts
 
 
@@ -95,6 +97,7 @@ layouts = st.fixed_dictionaries(
         "length": st.integers(1, 6),
         "burn_in": st.integers(0, 4),
         "prioritized": st.booleans(),
+        "pad_end": st.booleans(),
     }
 )
 
@@ -104,8 +107,15 @@ layouts = st.fixed_dictionaries(
 def test_windows_never_cross_episode_ends_or_the_write_head(layout) -> None:
     rows = build_rows(layout["lengths"], layout["open_last"], layout["order_seed"])
     capacity, length, burn_in = layout["capacity"], layout["length"], layout["burn_in"]
+    pad_end = layout["pad_end"]
     buffer = SequenceReplayBuffer(
-        capacity=capacity, length=length, burn_in=burn_in, prioritized=layout["prioritized"], warmup=0, seed=1
+        capacity=capacity,
+        length=length,
+        burn_in=burn_in,
+        pad_end=pad_end,
+        prioritized=layout["prioritized"],
+        warmup=0,
+        seed=1,
     )
     flip = np.random.default_rng(layout["order_seed"])
     sizes = layout["batch_sizes"]
@@ -118,12 +128,14 @@ def test_windows_never_cross_episode_ends_or_the_write_head(layout) -> None:
         added += chunk
         stored = {r["order"] for r in added[-capacity:]}
         starts = buffer.storage.fields["order"][np.flatnonzero(buffer.tree.leaves[: len(buffer)] > 0)]
-        assert set(starts.tolist()) == reference_starts(added, stored, length)
+        assert set(starts.tolist()) == reference_starts(added, stored, length, pad_end)
     if buffer.num_windows:
-        check_windows(buffer.sample(64), rows, stored, length, burn_in)
+        check_windows(buffer.sample(64), rows, stored, length, burn_in, pad_end)
 
 
-def check_windows(batch: TransitionBatch, rows: list[dict], stored: set[int], length: int, burn_in: int) -> None:
+def check_windows(
+    batch: TransitionBatch, rows: list[dict], stored: set[int], length: int, burn_in: int, pad_end: bool = False
+) -> None:
     steps = burn_in + length
     by_order = {r["order"]: r for r in rows}
     mask = batch["mask"]
@@ -145,8 +157,9 @@ def check_windows(batch: TransitionBatch, rows: list[dict], stored: set[int], le
         # no step of the episode after the window's end that could have been included is missing
         start = by_order[order[burn_in]]
         episode = [r for r in rows if r["episode"] == start["episode"]]
-        if last < steps - 1:  # padded at the end: only for an episode shorter than the window, which ended
-            assert by_order[order[last]]["done"] and start["t"] == 0 and len(episode) < length
+        if last < steps - 1:  # padded at the end: only where the episode ended (short, or with pad_end any)
+            assert by_order[order[last]]["done"] and len(episode) - start["t"] < length
+            assert pad_end or (start["t"] == 0 and len(episode) < length)
         stored_before = sum(1 for r in episode if r["t"] < start["t"] and r["order"] in stored)
         assert burn_in - first == min(burn_in, stored_before)
         # padding repeats the nearest real step, so position 0 holds the first real step's state
