@@ -61,7 +61,40 @@ def obs_to_tensor(obs: ObsTree, device: torch.device, float_dtype: torch.dtype =
     return t.to(float_dtype) if t.is_floating_point() and t.dtype != float_dtype else t
 
 
-class DQNAgent:
+class SelectorHooks:
+    """The agent hooks a Q-value agent forwards to its ``selector``: exploration clock, rank and state.
+
+    Shared by :class:`DQNAgent` and :class:`~ptl_rl.recurrent.RecurrentDQNAgent`; a selector without a
+    hook (e.g. ``ArgmaxSelector``) makes it a no-op.
+    """
+
+    selector: Any
+
+    def on_env_steps(self, total_steps: int) -> None:
+        hook = getattr(self.selector, "on_env_steps", None)
+        if hook is not None:
+            hook(total_steps)
+
+    def set_rank(self, rank: int) -> None:
+        """Rank-distinct exploration under DDP: passed on to the selector."""
+        hook = getattr(self.selector, "set_rank", None)
+        if hook is not None:
+            hook(rank)
+
+    STATE_VERSION = 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """The selector's state (exploration RNG, epsilon); the network's weights live in the LightningModule."""
+        hook = getattr(self.selector, "state_dict", None)
+        return versioned({"selector": hook()} if hook is not None else {}, self.STATE_VERSION)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        check_version(state, self.STATE_VERSION, type(self).__name__)
+        if "selector" in state:
+            self.selector.load_state_dict(state["selector"])
+
+
+class DQNAgent(SelectorHooks):
     """Acts with a Q-network: ``q = net(obs)`` float [N, A], then ``selector(q)`` -> int64 [N].
 
     Observations are moved to the network's device (read at every call, so
@@ -158,29 +191,6 @@ class DQNAgent:
             check_output_width("DQNAgent", int(q.shape[-1]), self._space, "Q-values")
         self._width_seen = True
         return to_numpy(q)
-
-    def on_env_steps(self, total_steps: int) -> None:
-        hook = getattr(self.selector, "on_env_steps", None)
-        if hook is not None:
-            hook(total_steps)
-
-    def set_rank(self, rank: int) -> None:
-        """Rank-distinct exploration under DDP: passed on to the selector."""
-        hook = getattr(self.selector, "set_rank", None)
-        if hook is not None:
-            hook(rank)
-
-    STATE_VERSION = 1
-
-    def state_dict(self) -> dict[str, Any]:
-        """The selector's state (exploration RNG, epsilon); the network's weights live in the LightningModule."""
-        hook = getattr(self.selector, "state_dict", None)
-        return versioned({"selector": hook()} if hook is not None else {}, self.STATE_VERSION)
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        check_version(state, self.STATE_VERSION, type(self).__name__)
-        if "selector" in state:
-            self.selector.load_state_dict(state["selector"])
 
 
 class TargetNet(nn.Module):

@@ -19,6 +19,7 @@ Three pieces, each usable alone (see docs/design/recurrent.md):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -27,9 +28,8 @@ from gymnasium import spaces
 from torch import nn
 
 from ptl_rl._checks import check_output_width, scores_width
-from ptl_rl._state import check_version, versioned
 from ptl_rl._trees import to_numpy, tree_leaves
-from ptl_rl.agents import _check_selector, _DeviceOf, obs_to_tensor
+from ptl_rl.agents import SelectorHooks, _check_selector, _DeviceOf, obs_to_tensor
 from ptl_rl.selectors import EpsilonGreedySelector
 
 __all__ = ["RecurrentCore", "RecurrentDQNAgent", "RecurrentQNet", "sequence_nstep_targets"]
@@ -149,7 +149,7 @@ class RecurrentQNet(Protocol):
     def step(self, obs: Any, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-class RecurrentDQNAgent:
+class RecurrentDQNAgent(SelectorHooks):
     """Acts with a recurrent Q-network and holds the hidden state of every sub-env between calls.
 
     ``agent(obs [N, ...])`` runs ``net.step(obs, state)`` with each env's
@@ -248,29 +248,10 @@ class RecurrentDQNAgent:
         self._state = new_state  # the commit: an interrupt before this line leaves the state as it was
         return actions, extras
 
-    # ------------------------------------------------------------------ hooks
-    def on_env_steps(self, total_steps: int) -> None:
-        hook = getattr(self.selector, "on_env_steps", None)
-        if hook is not None:
-            hook(total_steps)
-
-    def set_rank(self, rank: int) -> None:
-        """Rank-distinct exploration under DDP (each rank's agent and its states live in that rank's process)."""
-        hook = getattr(self.selector, "set_rank", None)
-        if hook is not None:
-            hook(rank)
-
-    STATE_VERSION = 1
-
-    def state_dict(self) -> dict[str, Any]:
-        """The selector's state; neither the weights (the LightningModule's) nor the per-env state (see the class)."""
-        hook = getattr(self.selector, "state_dict", None)
-        return versioned({"selector": hook()} if hook is not None else {}, self.STATE_VERSION)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_version(state, self.STATE_VERSION, type(self).__name__)
-        if "selector" in state:
-            self.selector.load_state_dict(state["selector"])
+    # ------------------------------------------------------------------ hooks (the selector's: SelectorHooks)
+    # state_dict holds the selector's state only: not the per-env states (see the class), nor the weights
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
         self._state = None  # the restored source starts every episode afresh
 
 
