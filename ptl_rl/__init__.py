@@ -93,6 +93,10 @@ _PUBLIC_API: dict[str, str] = {
     "RecurrentCore": "ptl_rl.recurrent",
     "RecurrentDQNAgent": "ptl_rl.recurrent",
     "RecurrentQNet": "ptl_rl.recurrent",
+    "PerEnvState": "ptl_rl.recurrent",
+    "RecurrentActorCritic": "ptl_rl.recurrent_policy",
+    "RecurrentActorCriticAgent": "ptl_rl.recurrent_policy",
+    "RecurrentActorCriticNet": "ptl_rl.recurrent_policy",
     "sequence_nstep_targets": "ptl_rl.recurrent",
 }
 
@@ -139,6 +143,10 @@ __all__ = [
     "PrioritizedReplayBuffer",
     "RLDataModule",
     "RecordedEpisode",
+    "PerEnvState",
+    "RecurrentActorCritic",
+    "RecurrentActorCriticAgent",
+    "RecurrentActorCriticNet",
     "RecurrentCore",
     "RecurrentDQNAgent",
     "RecurrentQNet",
@@ -229,7 +237,8 @@ if TYPE_CHECKING:
     from ptl_rl.offline import MinariRecorder, MinariSource, minari_replay_buffer, open_minari_dataset
     from ptl_rl.profiling import PipelineProfile, profile, set_profiling
     from ptl_rl.ranks import assign_rank, rank_seed
-    from ptl_rl.recurrent import RecurrentCore, RecurrentDQNAgent, RecurrentQNet, sequence_nstep_targets
+    from ptl_rl.recurrent import PerEnvState, RecurrentCore, RecurrentDQNAgent, RecurrentQNet, sequence_nstep_targets
+    from ptl_rl.recurrent_policy import RecurrentActorCritic, RecurrentActorCriticAgent, RecurrentActorCriticNet
     from ptl_rl.sampler import BatchSampler
     from ptl_rl.schedules import LinearSchedule
     from ptl_rl.selectors import ArgmaxSelector, EpsilonGreedySelector

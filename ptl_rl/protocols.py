@@ -58,6 +58,7 @@ __all__ = [
     "Stateful",
     "Storage",
     "StreamBoundStorage",
+    "TransitionCritic",
     "implements",
     "missing_members",
 ]
@@ -322,6 +323,19 @@ class Critic(Protocol):
     """
 
     def value(self, obs: Any) -> np.ndarray: ...
+
+
+@runtime_checkable
+class TransitionCritic(Protocol):
+    """An agent whose values need more than an observation (a recurrent state): ``next_value(rows) -> float32 [R]``.
+
+    ``rows`` maps each field of a rollout (``obs``, ``next_obs``, the agent's
+    extras such as ``hidden``) to the arrays of ``R`` rows; the result is
+    ``V(next_obs)`` of each row. A :class:`~ptl_rl.buffers.RolloutBuffer`
+    bootstraps through it in preference to :class:`Critic`.
+    """
+
+    def next_value(self, rows: Mapping[str, Any]) -> np.ndarray: ...
 
 
 # ---------------------------------------------------------------------------- checks

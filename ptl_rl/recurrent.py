@@ -19,7 +19,7 @@ Three pieces, each usable alone (see docs/design/recurrent.md):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -32,7 +32,7 @@ from ptl_rl._trees import to_numpy, tree_leaves
 from ptl_rl.agents import SelectorHooks, _check_selector, _DeviceOf, obs_to_tensor
 from ptl_rl.selectors import EpsilonGreedySelector
 
-__all__ = ["RecurrentCore", "RecurrentDQNAgent", "RecurrentQNet", "sequence_nstep_targets"]
+__all__ = ["PerEnvState", "RecurrentCore", "RecurrentDQNAgent", "RecurrentQNet", "sequence_nstep_targets"]
 
 _KINDS = ("lstm", "gru")
 
@@ -100,18 +100,27 @@ class RecurrentCore(nn.Module):
         return h, h
 
     def forward(
-        self, x: torch.Tensor, state: torch.Tensor, mask: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        state: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        reset: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A sequence: ``x`` float [B, T, F] from ``state`` [B, S] -> (outputs [B, T, H], states [B, T, S]).
 
         ``states[:, t]`` is the state after position ``t``. Where ``mask``
         (bool [B, T]) is False the position is skipped: the state is carried
-        over unchanged and the output repeats its ``h``.
+        over unchanged and the output repeats its ``h``. Where ``reset``
+        (bool [B, T]) is True the state is zeroed *before* position ``t``: an
+        episode starts there (a rollout sequence that spans episodes, as
+        recurrent PPO replays them).
         """
         if x.ndim != 3:
             raise ValueError(f"x must be [batch, time, features], got shape {tuple(x.shape)}; use step() for one step")
-        if mask is not None and tuple(mask.shape) != tuple(x.shape[:2]):
-            raise ValueError(f"mask has shape {tuple(mask.shape)}, expected (batch, time) = {tuple(x.shape[:2])}")
+        for name, flags in (("mask", mask), ("reset", reset)):
+            if flags is not None and tuple(flags.shape) != tuple(x.shape[:2]):
+                expected = tuple(x.shape[:2])
+                raise ValueError(f"{name} has shape {tuple(flags.shape)}, expected (batch, time) = {expected}")
         if state.ndim != 2 or state.shape != (x.shape[0], self.state_size):
             self.step(x[:, 0], state)  # raises the error that names the expected shape
         if mask is not None and bool(mask.all()):
@@ -120,7 +129,13 @@ class RecurrentCore(nn.Module):
         lstm = isinstance(self.cell, nn.LSTMCell)
         h, c = state[:, : self.hidden_size], state[:, self.hidden_size :]  # c is empty for a GRU
         hs, cs = [], []
+        if reset is not None and bool(reset.any()):
+            keep_state = ~reset.bool()[..., None]  # [B, T, 1]: multiplied in, so no branch per position
+        else:
+            keep_state = None
         for t in range(x.shape[1]):  # a loop over positions (never over rows): the cell is sequential in time
+            if keep_state is not None:
+                h, c = h * keep_state[:, t], c * keep_state[:, t]
             if isinstance(self.cell, nn.LSTMCell):
                 new_h, new_c = self.cell(x[:, t], (h, c))
             else:
@@ -149,7 +164,56 @@ class RecurrentQNet(Protocol):
     def step(self, obs: Any, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-class RecurrentDQNAgent(SelectorHooks):
+class PerEnvState:
+    """The hidden state an acting agent keeps per sub-env, zeroed at episode starts: shared by the recurrent agents.
+
+    An agent holds ``_state`` (float [N, S], or ``None``: zeros at the next
+    call, for however many envs it gets), takes the state to act from with
+    :meth:`_acting_state`, and commits the new one in its call's **last**
+    statement (``self._state = new_state``), so that an interrupt anywhere
+    before leaves the old state. :meth:`reset_state` builds a new tensor and
+    assigns it in one statement; no state is ever changed in place, so a
+    ``hidden`` array already handed out is never rewritten.
+    """
+
+    _state: torch.Tensor | None
+
+    @property
+    def state(self) -> torch.Tensor | None:
+        """The state each env will act from at the next call, float [N, S] (``None``: zeros, N not known yet)."""
+        return self._state
+
+    def reset_state(self, mask: np.ndarray) -> None:
+        """Zero the state of the envs ``mask`` (bool [N]) that start an episode; all of them forgets N too."""
+        mask = np.asarray(mask, dtype=bool)
+        state = self._state
+        if state is None:
+            return
+        if mask.shape != (len(state),):
+            raise ValueError(
+                f"reset_state got a mask of shape {mask.shape}, but this agent holds the state of {len(state)} "
+                f"envs; use one agent per ExperienceSource"
+            )
+        if mask.all():
+            self._state = None  # the next call starts from zeros, for as many envs as it gets
+            return
+        keep = torch.from_numpy(~mask).to(state.device)[:, None]
+        self._state = torch.where(keep, state, torch.zeros((), dtype=state.dtype, device=state.device))
+
+    def _acting_state(self, n: int, initial_state: Callable[[int], torch.Tensor]) -> torch.Tensor:
+        """The state [n, S] to act from: the one held, or ``initial_state(n)`` (zeros) after a full reset."""
+        state = self._state
+        if state is None:
+            return initial_state(n)
+        if len(state) != n:
+            raise ValueError(
+                f"this agent holds the state of {len(state)} envs but got {n} observations: one agent acts for "
+                "one ExperienceSource. For another env (an evaluation), make another agent on the same network"
+            )
+        return state
+
+
+class RecurrentDQNAgent(PerEnvState, SelectorHooks):
     """Acts with a recurrent Q-network and holds the hidden state of every sub-env between calls.
 
     ``agent(obs [N, ...])`` runs ``net.step(obs, state)`` with each env's
@@ -199,29 +263,6 @@ class RecurrentDQNAgent(SelectorHooks):
         self._state: torch.Tensor | None = None  # [N, S]; None: zeros at the next call (for however many envs)
         self._num_actions: int | None = None
 
-    # ------------------------------------------------------------------ the per-env state
-    @property
-    def state(self) -> torch.Tensor | None:
-        """The state each env will act from at the next call, float [N, S] (``None``: zeros, N not known yet)."""
-        return self._state
-
-    def reset_state(self, mask: np.ndarray) -> None:
-        """Zero the state of the envs ``mask`` (bool [N]) that start an episode; all of them forgets N too."""
-        mask = np.asarray(mask, dtype=bool)
-        state = self._state
-        if state is None:
-            return
-        if mask.shape != (len(state),):
-            raise ValueError(
-                f"reset_state got a mask of shape {mask.shape}, but this agent holds the state of {len(state)} "
-                f"envs; use one agent per ExperienceSource"
-            )
-        if mask.all():
-            self._state = None  # the next call starts from zeros, for as many envs as it gets
-            return
-        keep = torch.from_numpy(~mask).to(state.device)[:, None]
-        self._state = torch.where(keep, state, torch.zeros((), dtype=state.dtype, device=state.device))
-
     # ------------------------------------------------------------------ acting
     def check_action_space(self, action_space: spaces.Space) -> None:
         """Remember the env's number of actions: every call checks the Q-values' width against it."""
@@ -231,15 +272,7 @@ class RecurrentDQNAgent(SelectorHooks):
     @torch.no_grad()
     def __call__(self, obs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         obs_t = obs_to_tensor(obs, self._device(), self._device.float_dtype())
-        n = len(next(iter(tree_leaves(obs)))[1])
-        state = self._state
-        if state is None:
-            state = self.net.initial_state(n)
-        elif len(state) != n:
-            raise ValueError(
-                f"this agent holds the state of {len(state)} envs but got {n} observations: one agent acts for "
-                "one ExperienceSource. For another env (an evaluation), make another agent on the same network"
-            )
+        state = self._acting_state(len(next(iter(tree_leaves(obs)))[1]), self.net.initial_state)
         q, new_state = self.net.step(obs_t, state)
         if self._num_actions is not None and q.shape[-1] != self._num_actions:
             check_output_width(type(self).__name__, int(q.shape[-1]), self._space, "Q-values")

@@ -27,8 +27,34 @@ One cycle of the stage:
    ``action``, ``reward``, ``next_obs``, ``terminated``, ``truncated``,
    ``discount``, ``env_id``, the agent's extras such as the behaviour policy's
    ``log_prob`` and ``value``) plus ``advantage`` and ``returns`` (float32 [B]).
+   With ``sequence_length=L`` (recurrent PPO) the minibatches hold whole
+   time-ordered sequences instead: see "Sequence minibatches" below.
 4. The ``next()`` after the last minibatch collects the next rollout, with
    whatever weights the learner has then: data is never staler than one rollout.
+
+**Sequence minibatches** (``sequence_length=L``, for a recurrent policy such
+as :class:`~ptl_rl.recurrent_policy.RecurrentActorCriticAgent`). Each env's
+rows are cut into sequences of ``L`` consecutive rows from its first row of
+the rollout on (the last one shorter when the env's row count is not a
+multiple of ``L``: envs lag under next-step autoreset, so rollouts are ragged).
+Each epoch shuffles the sequences and splits them into ``num_minibatches``
+near-equal parts, so every row still appears exactly once per epoch. A
+minibatch has every field as ``[B_seq, L, ...]`` plus
+
+* ``mask`` bool [B_seq, L]: False on padding past a short sequence's end
+  (padding repeats the sequence's last row, so every value stays finite);
+* ``episode_start`` bool [B_seq, L]: an episode starts at this row (the row
+  before it in the env's sequence ended, terminated or truncated; an env's
+  first row of the first rollout, and after a restore). The agent's state was
+  zeroed exactly there, so the learner zeroes its state there too.
+
+The initial state of a sequence is its stored state field at position 0
+(``batch.hidden[:, 0]``): the state the agent acted from at that row. An
+``L`` at least the rollout's longest env sequence gives each env's whole
+rollout as one sequence (CleanRL's ``ppo_atari_lstm.py``); smaller ``L`` gives
+more, shorter sequences per minibatch (sb3-contrib cuts at episode starts
+too; here episodes continue inside a sequence, so nothing but an env's tail is
+padded). ``advantage`` normalization (``"minibatch"``) uses the valid rows only.
 
 **Epoch length.** The stage yields ``batches_per_rollout = epochs *
 num_minibatches`` batches per rollout, whatever the rollout's size. Give the
@@ -57,10 +83,11 @@ from ptl_rl._state import check_version, versioned
 from ptl_rl._trees import tree_map
 from ptl_rl.batch import TorchBatch, TransitionBatch
 from ptl_rl.gae import compute_gae
-from ptl_rl.protocols import Critic
+from ptl_rl.protocols import Critic, TransitionCritic
 from ptl_rl.stages import pipeline_stages
 
 ValueFn = Callable[[Any], np.ndarray]
+RowsValueFn = Callable[[Mapping[str, Any]], np.ndarray]  # the rows' fields -> V(next_obs) of each row
 _NORMALIZE = ("minibatch", "rollout", None)
 
 
@@ -77,9 +104,31 @@ def _find_value_fn(upstream: Any) -> ValueFn | None:
     return None
 
 
+def _find_next_value_fn(upstream: Any) -> RowsValueFn | None:
+    """The bootstrap critic of the nearest agent upstream: ``next_value(rows)``, else ``value(rows["next_obs"])``.
+
+    A recurrent critic (:class:`~ptl_rl.protocols.TransitionCritic`) needs more
+    than ``next_obs``: the state the row acted from, among the rows' fields.
+    """
+    for stage in reversed(pipeline_stages(upstream)):
+        agent = getattr(stage, "agent", None)
+        if isinstance(agent, TransitionCritic):
+            return agent.next_value
+        if isinstance(agent, Critic):
+            value = agent.value
+            return lambda rows: value(rows["next_obs"])
+    return None
+
+
 def _normalized(advantage: np.ndarray) -> np.ndarray:
     """(a - mean) / (std + 1e-8), float32; a single row normalizes to 0."""
     return ((advantage - advantage.mean()) / (advantage.std() + 1e-8)).astype(np.float32)
+
+
+def _normalized_like(advantage: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``advantage`` standardized by the mean and std of its rows where ``mask`` is True (same shape)."""
+    real = advantage[mask]
+    return ((advantage - real.mean()) / (real.std() + 1e-8)).astype(np.float32)
 
 
 class RolloutBuffer:
@@ -109,6 +158,10 @@ class RolloutBuffer:
         capacity_per_env: rows reserved per env, default ``2 * T`` (enough for
             next-step autoreset even with 1-step episodes).
         seed: seeds the shuffling.
+        sequence_length: ``L``; when set, minibatches hold sequences
+            ``[B_seq, L, ...]`` of consecutive rows with ``mask`` and
+            ``episode_start`` (see the module docstring), for a recurrent
+            policy; ``None`` (default): shuffled single transitions.
         device: where the yielded tensors go (default: CPU, Lightning moves them).
 
     Examples:
@@ -148,6 +201,7 @@ class RolloutBuffer:
         num_envs: int | None = None,
         capacity_per_env: int | None = None,
         seed: int | None = None,
+        sequence_length: int | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         num_envs = num_envs if num_envs is not None else getattr(upstream, "num_envs", None)
@@ -162,6 +216,15 @@ class RolloutBuffer:
             raise ValueError(
                 f"num_minibatches={num_minibatches} exceeds the {num_envs * steps_per_env} transitions of a rollout"
             )
+        if sequence_length is not None:
+            if sequence_length < 1:
+                raise ValueError(f"sequence_length must be >= 1 (rows per sequence) or None, got {sequence_length}")
+            fewest = num_envs * -(-steps_per_env // sequence_length)  # sequences in the smallest rollout
+            if num_minibatches > fewest:
+                raise ValueError(
+                    f"num_minibatches={num_minibatches} exceeds the {fewest} sequences of {sequence_length} rows that "
+                    f"{num_envs} envs x {steps_per_env} steps give; lower num_minibatches or sequence_length"
+                )
         if normalize_advantage not in _NORMALIZE:
             raise ValueError(f"normalize_advantage must be one of {_NORMALIZE}, got {normalize_advantage!r}")
         if not 0.0 <= gae_lambda <= 1.0:
@@ -178,7 +241,7 @@ class RolloutBuffer:
         self.normalize_advantage = normalize_advantage
         self.value_fn = value_fn
         self.value_key = value_key
-        if upstream is not None and value_fn is None and _find_value_fn(upstream) is None:
+        if upstream is not None and value_fn is None and _find_next_value_fn(upstream) is None:
             # every rollout bootstraps each env's last row from V(next_obs): without a critic the first one fails
             raise ValueError(
                 "a RolloutBuffer needs a critic for the bootstrap values V(next_obs) (each env's last row and "
@@ -187,12 +250,17 @@ class RolloutBuffer:
             )
         self.device = torch.device(device) if device is not None else None
         self.rng = np.random.default_rng(seed)
+        self.sequence_length = int(sequence_length) if sequence_length is not None else None
 
         self._fields: dict[str, Any] | None = None  # name -> [capacity, N, ...] arrays (or dicts of them)
         self._flat: dict[str, Any] = {}  # the same memory viewed as [capacity * N, ...]: cheap scattered writes
         self._count = np.zeros(self.num_envs, dtype=np.int64)  # rows held per env
         self._columns = np.arange(self.num_envs)
         self._aligned = True
+        # whether each env's next row starts an episode: its last row ended (the source starts every env afresh)
+        self._starts_next = np.ones(self.num_envs, dtype=bool)
+        self._sequences: np.ndarray | None = None  # sequence mode: [Q, L] flat row of each sequence position
+        self._sequence_mask: np.ndarray | None = None  # [Q, L] False on padding
         self.rollout: TransitionBatch | None = None  # the finished rollout being served, flat [M]
         self._schedule: list[np.ndarray] = []
         self._served = 0
@@ -218,21 +286,64 @@ class RolloutBuffer:
         self._served += 1
         rollout = self.rollout
         assert rollout is not None  # a schedule to serve exists only with its rollout (_start_rollout sets both)
+        if self._sequences is not None:
+            return self._sequence_batch(rollout, rows).to_torch(self.device)
         batch = rollout.rows(rows)
         if self.normalize_advantage == "minibatch":
             batch["advantage"] = _normalized(batch["advantage"])
         return batch.to_torch(self.device)
+
+    def _sequence_batch(self, rollout: TransitionBatch, sequences: np.ndarray) -> TransitionBatch:
+        """The sequences ``sequences`` (indices into the rollout's [Q, L] layout) as one [B_seq, L, ...] batch."""
+        assert self._sequences is not None and self._sequence_mask is not None
+        batch = rollout.rows(self._sequences[sequences])  # a [B_seq, L] index: every field becomes [B_seq, L, ...]
+        mask = self._sequence_mask[sequences]
+        batch["mask"] = mask
+        batch["episode_start"] = batch["episode_start"] & mask
+        if self.normalize_advantage == "minibatch":  # statistics of the real rows: padding repeats rows
+            advantage = batch["advantage"]
+            batch["advantage"] = np.where(mask, _normalized_like(advantage, mask), 0.0).astype(np.float32)
+        return batch
 
     def _start_rollout(self) -> None:
         rollout = self.collect()
         if self.normalize_advantage == "rollout":
             rollout["advantage"] = _normalized(rollout["advantage"])
         self.rollout = rollout
-        self._schedule = self.minibatch_indices(len(rollout))
+        if self.sequence_length is not None:
+            self._sequences, self._sequence_mask = self.sequence_layout(self._count, self.sequence_length)
+            self._schedule = self.minibatch_indices(len(self._sequences))
+        else:
+            self._schedule = self.minibatch_indices(len(rollout))
         self._served = 0
 
+    def sequence_layout(self, counts: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """Cut each env's rows into sequences of ``length``: (flat rows int64 [Q, L], mask bool [Q, L]).
+
+        ``counts`` int [N] are the rows per env; the flat rollout of
+        :meth:`finish` orders rows time-major (row ``t`` of every env that has
+        one, then ``t + 1``). Env ``e`` gives ``ceil(counts[e] / L)``
+        sequences, in env order then time order; positions past an env's last
+        row repeat that row, with mask False.
+        """
+        counts = np.asarray(counts, dtype=np.int64)
+        steps = np.arange(int(counts.max()))[:, None]
+        flat = np.full((len(steps), len(counts)), -1, dtype=np.int64)
+        valid = steps < counts[None, :]
+        flat[valid] = np.arange(int(valid.sum()))  # boolean assignment runs in the same time-major order
+        per_env = -(-counts // length)  # ceil
+        env = np.repeat(np.arange(len(counts)), per_env)
+        first = (np.arange(len(env)) - np.repeat(np.cumsum(per_env) - per_env, per_env)) * length
+        position = first[:, None] + np.arange(length)[None, :]  # [Q, L] time index in the env's sequence
+        mask = position < counts[env][:, None]
+        position = np.minimum(position, counts[env][:, None] - 1)  # padding repeats the last real row
+        return flat[position, env[:, None]], mask
+
     def minibatch_indices(self, size: int) -> list[np.ndarray]:
-        """``epochs * num_minibatches`` index arrays into a rollout of ``size`` rows; each epoch is a permutation."""
+        """``epochs * num_minibatches`` index arrays into a rollout of ``size`` rows; each epoch is a permutation.
+
+        In sequence mode ``size`` is the number of sequences and the indices pick sequences.
+        """
         return [
             part
             for _ in range(self.epochs)
@@ -252,7 +363,13 @@ class RolloutBuffer:
         return self.finish()
 
     def clear(self) -> None:
-        """Forget the rows held (the arrays stay allocated)."""
+        """Forget the rows held (the arrays stay allocated); whether each env's last one ended carries over."""
+        fields = self._fields
+        if fields is not None:
+            held = self._count > 0
+            last = np.maximum(self._count - 1, 0)
+            ended = fields["terminated"][last, self._columns] | fields["truncated"][last, self._columns]
+            self._starts_next = np.where(held, ended, self._starts_next)
         self._count[:] = 0
         self._aligned = True  # every env holds the same number of rows
 
@@ -339,8 +456,7 @@ class RolloutBuffer:
         next_value[:-1] = value[1:]  # inside an episode V(next_obs_t) is V(obs_{t+1}), recorded while acting
         bootstrap = valid & ~terminated & (fields["truncated"] | last)
         if bootstrap.any():
-            final_obs = tree_map(lambda a: a[bootstrap], fields["next_obs"])
-            next_value[bootstrap] = self._critic(value_fn)(final_obs)
+            next_value[bootstrap] = self._bootstrap(value_fn, fields, bootstrap)
         reward = np.where(valid, fields["reward"], 0.0)
         discount = np.where(valid, fields["discount"], 0.0)
         advantage, returns = compute_gae(reward, value, next_value, discount, terminated, end, self.gae_lambda)
@@ -348,7 +464,26 @@ class RolloutBuffer:
         out = {name: tree_map(lambda a: a[t_index, env_index], v) for name, v in fields.items()}
         out["advantage"] = advantage[t_index, env_index].astype(np.float32)
         out["returns"] = returns[t_index, env_index].astype(np.float32)
+        if self.sequence_length is not None:
+            # an episode starts after a row that ended it; row 0 continues from the last rollout (or starts afresh)
+            ended = fields["terminated"] | fields["truncated"]
+            starts = np.concatenate([self._starts_next[None, :], ended[:-1]], axis=0)
+            out["episode_start"] = starts[t_index, env_index]
         return TransitionBatch(out)
+
+    def _bootstrap(self, value_fn: ValueFn | None, fields: dict[str, Any], rows: np.ndarray) -> np.ndarray:
+        """V(next_obs) float64 of the rows ``rows`` (bool [C, N]): an obs critic's, or the agent's ``next_value``."""
+        fn = value_fn or self.value_fn
+        if fn is not None:
+            return self._critic(fn)(tree_map(lambda a: a[rows], fields["next_obs"]))
+        rows_fn = _find_next_value_fn(self.upstream)
+        if rows_fn is None:
+            raise ValueError(
+                "no critic for bootstrap values: pass value_fn=..., or use an agent with a value(obs) method "
+                "(ptl_rl.ActorCriticAgent) or a next_value(rows) method (ptl_rl.RecurrentActorCriticAgent)"
+            )
+        picked = {name: tree_map(lambda a: a[rows], v) for name, v in fields.items()}
+        return np.asarray(rows_fn(picked), dtype=np.float64).reshape(-1)
 
     def _critic(self, value_fn: ValueFn | None) -> ValueFn:
         fn = value_fn or self.value_fn or _find_value_fn(self.upstream)
@@ -385,6 +520,8 @@ class RolloutBuffer:
         self.rollouts_collected = int(state["rollouts_collected"])
         self.clear()
         self.rollout, self._schedule, self._served = None, [], 0
+        self._sequences = self._sequence_mask = None
+        self._starts_next[:] = True  # the restored source starts every episode afresh
 
     # ------------------------------------------------------------------ repr
     def __repr__(self) -> str:

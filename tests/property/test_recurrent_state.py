@@ -146,7 +146,11 @@ class LineInterrupt:
         return self._local
 
 
-AGENT_CODES = {RecurrentDQNAgent.__call__.__wrapped__.__code__, RecurrentDQNAgent.reset_state.__code__}
+AGENT_CODES = {
+    RecurrentDQNAgent.__call__.__wrapped__.__code__,
+    RecurrentDQNAgent.reset_state.__code__,
+    RecurrentDQNAgent._acting_state.__code__,  # the shared PerEnvState's, which the call runs first
+}
 
 
 def next_interrupted(source: ExperienceSource, k: int) -> tuple[Any, bool]:
