@@ -75,7 +75,8 @@ class RecurrentActorCritic(nn.Module):
 
     def __init__(self, encoder: nn.Module, core: nn.Module, policy_head: nn.Module, value_head: nn.Module) -> None:
         super().__init__()
-        self.encoder, self.core, self.policy_head, self.value_head = encoder, core, policy_head, value_head
+        self.encoder, self.policy_head, self.value_head = encoder, policy_head, value_head
+        self.core: Any = core  # a RecurrentCore or a stand-in with its methods (nn.Module's typing hides them)
 
     def initial_state(self, batch_size: int) -> torch.Tensor:
         """Zeros float [batch_size, S]."""

@@ -150,8 +150,13 @@ class FeedForwardCore(nn.Module):
         return torch.relu(self.linear(x)), state
 
     def forward(
-        self, x: torch.Tensor, state: torch.Tensor, mask: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        state: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        reset: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # (reset: RecurrentCore's episode starts inside a sequence, for recurrent PPO; nothing to reset here)
         return torch.relu(self.linear(x)), state[:, None].expand(-1, x.shape[1], -1)
 
 
