@@ -11,7 +11,7 @@ Read it top to bottom (CleanRL's ``ppo_atari_lstm.py`` and sb3-contrib's
    (8 envs x 32 steps per rollout, 20 epochs of one minibatch, gamma 0.98,
    lambda 0.8, lr 1e-3 and clip 0.2 annealed to 0, separate LSTMs for the policy
    and the value). The env,
-   ``CartPoleNoVelocity-v1``, comes from ``ptl_rl.examples.r2d2`` (cart
+   ``CartPoleNoVelocity-v1``, comes from ``ptl_rl.examples.partial_obs`` (cart
    position and pole angle only). ``--feed-forward`` (``--core mlp``) swaps the
    LSTM cell for a ReLU layer of the same width: the baseline without memory.
 2. ``network``: a ``ptl_rl.RecurrentActorCritic``: scaled observations ->
@@ -42,7 +42,7 @@ import numpy as np
 from gymnasium import spaces
 
 from ptl_rl.examples import cli
-from ptl_rl.examples.r2d2 import ENV_ID  # registers CartPoleNoVelocity-v1
+from ptl_rl.examples.partial_obs import ENV_ID  # registers CartPoleNoVelocity-v1 (no torch)
 
 
 # ---------------------------------------------------------------------------- arguments

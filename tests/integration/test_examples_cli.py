@@ -21,7 +21,7 @@ from ptl_rl.examples import cli
 
 ROOT = REPO
 TESTS = SUPPORT  # catch_env, for dqn_atari's smoke run
-EXAMPLES = ["dqn", "dqn_atari", "a2c", "ppo", "sac", "offline_bc", "r2d2"]
+EXAMPLES = ["dqn", "dqn_atari", "a2c", "ppo", "sac", "offline_bc", "r2d2", "recurrent_ppo"]
 RUN_FILES = {"config.json", "hparams.yaml", "metrics.csv", "episodes.csv", "evaluations.csv", "summary.json"}
 
 # tiny runs: (module, argv); every one evaluates at least once and writes a run directory
@@ -39,6 +39,9 @@ TINY = {
     "offline_bc": ["--epochs", "1", "--steps-per-epoch", "20", "--final-eval-episodes", "2"],
     "r2d2": ["--env-steps", "1200", "--learning-starts", "400", "--length", "4", "--burn-in", "2", "--batch-size", "8",
              "--eval-every", "600", "--eval-episodes", "2", "--final-eval-episodes", "2"],
+    "recurrent_ppo": ["--env-steps", "1024", "--steps-per-env", "16", "--sequence-length", "8", "--update-epochs", "2",
+                      "--num-minibatches", "2", "--eval-every", "512", "--eval-episodes", "2",
+                      "--final-eval-episodes", "2"],
 }  # fmt: skip
 
 
@@ -170,9 +173,12 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 @pytest.mark.parametrize("name", list(TINY))
 def test_a_run_writes_its_directory(name, runs):
     summary, run_dir = runs[name]
-    env_part = {"dqn_atari": "catch_env-PixelCatch-v0", "sac": "Pendulum-v1", "r2d2": "CartPoleNoVelocity-v1"}.get(
-        name, "CartPole-v1"
-    )
+    env_part = {
+        "dqn_atari": "catch_env-PixelCatch-v0",
+        "sac": "Pendulum-v1",
+        "r2d2": "CartPoleNoVelocity-v1",
+        "recurrent_ppo": "CartPoleNoVelocity-v1",
+    }.get(name, "CartPole-v1")
     assert run_dir.name.startswith(f"{name}_{env_part}_3_2")  # then the start time, YYYYmmdd-HHMMSS
     files = {path.name for path in run_dir.iterdir()}
     assert RUN_FILES <= files, f"missing {RUN_FILES - files}"

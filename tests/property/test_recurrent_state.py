@@ -59,8 +59,21 @@ class IdQNet(nn.Module):
         return self.head(out), state
 
 
+class IdScale(nn.Module):
+    """ScriptedEnv ids (int64 [N, 3]) -> float features, the actor-critic's encoder."""
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs.float() * 0.3
+
+
+def id_actor_critic() -> ptl_rl.RecurrentActorCritic:
+    """The actor-critic twin of IdQNet: the same LSTM on the ids, then logits over the 5 actions and a value."""
+    torch.manual_seed(0)
+    return ptl_rl.RecurrentActorCritic(IdScale(), RecurrentCore(3, 6), nn.Linear(6, NUM_ACTIONS), nn.Linear(6, 1))
+
+
 @torch.no_grad()
-def reference_states(net: IdQNet, records: list[list[tuple]]) -> dict[int, np.ndarray]:
+def reference_states(net: Any, records: list[list[tuple]]) -> dict[int, np.ndarray]:
     """obs code -> the state the agent should have acted from: each env alone, zeros at each episode's first step."""
     expected = {}
     for record in records:
@@ -69,11 +82,11 @@ def reference_states(net: IdQNet, records: list[list[tuple]]) -> dict[int, np.nd
             if obs[2] == 0:  # the first observation of an episode
                 state = net.initial_state(1)
             expected[int(obs_code(obs))] = state[0].numpy().copy()
-            state = net.step(torch.as_tensor(obs[None]), state)[1]
+            state = net.step(torch.as_tensor(obs[None]), state)[-1]  # the new state is the last output
     return expected
 
 
-def check_states(batches: list[Any], records: list[list[tuple]], net: IdQNet) -> int:
+def check_states(batches: list[Any], records: list[list[tuple]], net: Any) -> int:
     """Every row's ``hidden`` equals the reference's state for its observation; returns the rows checked."""
     batches = [b for b in batches if b is not None and len(b)]
     got = concat_batches(batches)
@@ -153,9 +166,17 @@ AGENT_CODES = {
 }
 
 
-def next_interrupted(source: ExperienceSource, k: int) -> tuple[Any, bool]:
+ACTOR_CRITIC_CODES = {
+    ptl_rl.RecurrentActorCriticAgent.__call__.__wrapped__.__code__,
+    ptl_rl.RecurrentActorCriticAgent.reset_state.__code__,
+    ptl_rl.RecurrentActorCriticAgent._acting_state.__code__,
+    ptl_rl.RecurrentActorCriticAgent._outputs.__code__,  # the sampling agent's, run inside the call
+}
+
+
+def next_interrupted(source: ExperienceSource, k: int, codes: set[CodeType] = AGENT_CODES) -> tuple[Any, bool]:
     """``next(source)`` with a KeyboardInterrupt at the k-th line of the agent's code; (batch or None, fired)."""
-    tracer = LineInterrupt(AGENT_CODES, k)
+    tracer = LineInterrupt(codes, k)
     previous = sys.gettrace()
     sys.settrace(tracer)
     try:
@@ -166,17 +187,26 @@ def next_interrupted(source: ExperienceSource, k: int) -> tuple[Any, bool]:
         sys.settrace(previous)
 
 
+@pytest.mark.parametrize("agent_kind", ["dqn", "actor_critic"])
 @pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])
-def test_an_interrupt_at_any_line_of_the_agent_leaves_every_later_state_right(mode):
+def test_an_interrupt_at_any_line_of_the_agent_leaves_every_later_state_right(mode, agent_kind):
     """Interrupt the agent at its 1st, 2nd, ... line (across reset_state and the call) on successive steps: the
-    rows that come out are still those of the reference, and the source carries on (it resets every env)."""
+    rows that come out are still those of the reference, and the source carries on (it resets every env).
+    Both recurrent agents: the Q-value one and the actor-critic one (recurrent PPO), which share PerEnvState."""
     layouts = [[(3, TERM), (2, TRUNC)] * 6, [(4, TRUNC), (1, BOTH)] * 6, [(2, BOTH), (5, TERM)] * 5]
     env = make_env(layouts, mode)
-    net = IdQNet()
-    source = ExperienceSource(env, RecurrentDQNAgent(net, ptl_rl.EpsilonGreedySelector(0.5, seed=1)), seed=0)
+    if agent_kind == "dqn":
+        net: Any = IdQNet()
+        agent: Any = RecurrentDQNAgent(net, ptl_rl.EpsilonGreedySelector(0.5, seed=1))
+        codes = AGENT_CODES
+    else:
+        net = id_actor_critic()
+        agent = ptl_rl.RecurrentActorCriticAgent(net, env.single_action_space, seed=1)
+        codes = ACTOR_CRITIC_CODES
+    source = ExperienceSource(env, agent, seed=0)
     batches, fired, k = [], 0, 1
     while k < 40:
-        batch, hit = next_interrupted(source, k)
+        batch, hit = next_interrupted(source, k, codes)
         batches.append(batch)
         if hit:
             fired += 1
