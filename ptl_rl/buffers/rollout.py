@@ -526,11 +526,9 @@ class RolloutBuffer:
     # ------------------------------------------------------------------ repr
     def __repr__(self) -> str:
         """Rollout shape, rows held, rollouts collected, the minibatch being served, and the chain upstream."""
+        shape = {"envs": self.num_envs, "steps_per_env": self.steps_per_env}
+        if self.sequence_length is not None:  # sequence minibatches (recurrent PPO)
+            shape["sequence_length"] = self.sequence_length
         return stage_repr(
-            self,
-            envs=self.num_envs,
-            steps_per_env=self.steps_per_env,
-            held=len(self),
-            rollouts=self.rollouts_collected,
-            served=f"{self._served}/{len(self._schedule)}",
+            self, **shape, held=len(self), rollouts=self.rollouts_collected, served=f"{self._served}/{len(self._schedule)}"
         )

@@ -269,6 +269,7 @@ def test_a_rollout_with_a_recurrent_agent_needs_no_value_method():
     rollout, agent, _ = pipeline("NextStep", 6)
     assert not hasattr(agent, "value") and isinstance(agent, ptl_rl.protocols.TransitionCritic)
     assert "episode_start" in next(rollout).keys()
+    assert repr(rollout).startswith("RolloutBuffer(envs=3, steps_per_env=12, sequence_length=6, held=")
 
 
 # ---------------------------------------------------------------------- checkpoints
