@@ -529,6 +529,5 @@ class RolloutBuffer:
         shape = {"envs": self.num_envs, "steps_per_env": self.steps_per_env}
         if self.sequence_length is not None:  # sequence minibatches (recurrent PPO)
             shape["sequence_length"] = self.sequence_length
-        return stage_repr(
-            self, **shape, held=len(self), rollouts=self.rollouts_collected, served=f"{self._served}/{len(self._schedule)}"
-        )
+        served = f"{self._served}/{len(self._schedule)}"
+        return stage_repr(self, **shape, held=len(self), rollouts=self.rollouts_collected, served=served)
