@@ -151,7 +151,9 @@ class RolloutBuffer:
             each yielded batch, as CleanRL's PPO), ``"rollout"`` (once over the
             whole rollout), or ``None``.
         value_fn: critic for the bootstrap values, numpy obs [R, ...] ->
-            float [R]; default: ``agent.value`` of the upstream source.
+            float [R]; default: the upstream source's agent, through
+            ``agent.next_value(rows)`` (a recurrent critic, which needs each
+            row's stored state) or else ``agent.value(next_obs)``.
         value_key: the extra holding ``V(obs)`` recorded while acting; if the
             agent records none, ``value_fn`` evaluates every ``obs`` once per rollout.
         num_envs: ``N``; default ``upstream.num_envs``.
@@ -246,7 +248,8 @@ class RolloutBuffer:
             raise ValueError(
                 "a RolloutBuffer needs a critic for the bootstrap values V(next_obs) (each env's last row and "
                 f"truncations), and neither value_fn nor the agent of {type(upstream).__name__} has value(obs). Act "
-                "with ptl_rl.ActorCriticAgent(actor, critic, action_space), or pass value_fn=... (obs -> float [B])"
+                "with ptl_rl.ActorCriticAgent(actor, critic, action_space) (or ptl_rl.RecurrentActorCriticAgent), or "
+                "pass value_fn=... (obs -> float [B])"
             )
         self.device = torch.device(device) if device is not None else None
         self.rng = np.random.default_rng(seed)
