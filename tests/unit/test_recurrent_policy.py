@@ -83,6 +83,32 @@ def test_the_learners_sequence_pass_reproduces_the_acting_log_prob_and_value(mod
     assert checked >= 3 * 2 * 36 and starts_inside > 0
 
 
+layout_st = st.lists(st.tuples(st.integers(1, 6), st.sampled_from([TERM, TRUNC, BOTH])), min_size=1, max_size=4)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    layouts=st.lists(layout_st, min_size=1, max_size=3),
+    mode=st.sampled_from(MODES),
+    length=st.integers(1, 20),
+    steps=st.integers(1, 10),
+)
+def test_any_layout_and_sequence_length_reproduce_the_acting_values(layouts, mode, length, steps):
+    env = make_env(layouts, mode)
+    net = id_net(env.single_action_space)
+    agent = ptl_rl.RecurrentActorCriticAgent(net, env.single_action_space, seed=0)
+    source = ptl_rl.ExperienceSource(env, agent, gamma=0.9, seed=0)
+    rollout = ptl_rl.RolloutBuffer(source, steps, epochs=1, num_minibatches=1, sequence_length=length, seed=0)
+    for _ in range(3):
+        batch = next(rollout)
+        with torch.no_grad():
+            log_prob, _, value = agent.evaluate_sequences(batch)
+        mask = batch.mask
+        assert int(mask.sum()) == len(rollout.rollout)
+        torch.testing.assert_close(log_prob[mask], batch.log_prob[mask], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(value[mask], batch.value[mask], rtol=1e-5, atol=1e-5)
+
+
 def test_without_the_resets_the_pass_would_differ():
     """The test above can fail: ignoring episode_start changes the rows after a start inside a sequence."""
     rollout, agent, _ = pipeline("NextStep", 12)
