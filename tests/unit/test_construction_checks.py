@@ -149,7 +149,8 @@ def test_rollout_buffer_without_a_critic_is_reported_before_collecting():
     env = cartpole()
     actor = nn.Sequential(nn.Linear(4, 8), ptl_rl.action_head(env.single_action_space, 8))
     source = ExperienceSource(env, ptl_rl.StochasticPolicyAgent(actor, env.single_action_space), seed=0)
-    with pytest.raises(ValueError, match=r"ActorCriticAgent\(actor, critic, action_space\), or pass value_fn"):
+    expected = r"ActorCriticAgent\(actor, critic, action_space\) \(or ptl_rl.RecurrentActorCriticAgent\), or pass"
+    with pytest.raises(ValueError, match=expected):
         ptl_rl.RolloutBuffer(source, 32)
     assert source.total_steps == 0
     # a value_fn is enough
