@@ -88,8 +88,8 @@ def _claims(markdown: str) -> list[tuple[str, float]]:
     ]
 
 
-def test_there_are_eight_notebooks() -> None:
-    assert [p.name[:3] for p in NOTEBOOKS] == ["01_", "02_", "03_", "04_", "05_", "06_", "07_", "08_"], NOTEBOOKS
+def test_there_are_nine_notebooks() -> None:
+    assert [p.name[:3] for p in NOTEBOOKS] == [f"0{i}_" for i in range(1, 10)], NOTEBOOKS
 
 
 def test_scrub_replaces_machine_paths_and_keeps_the_rest() -> None:
