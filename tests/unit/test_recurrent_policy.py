@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -313,3 +314,45 @@ def test_state_dict_roundtrip_restarts_collection_with_every_env_starting_an_epi
     zero_step = torch.cat([b.obs[:, 0, 2] == 0 for b in firsts])
     at_start = torch.cat([b.episode_start[:, 0] for b in firsts])
     assert torch.equal(zero_step, at_start)
+
+
+# ---------------------------------------------------------------------- behind the normalization stages
+def test_behind_normalize_observations_and_scale_rewards_the_sequences_match_what_the_agent_saw():
+    """NormalizeObservations shows the agent normalized observations and ScaleRewards rescales rewards: the
+    rollout's sequences carry the obs the agent acted on (the pass reproduces its log-probs and values), the
+    ``hidden`` extra passes through, and GAE bootstraps from the normalized ``next_obs`` with the scaled reward."""
+    env = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync")
+    torch.manual_seed(0)
+    net = ptl_rl.RecurrentActorCritic(
+        nn.Sequential(nn.Linear(4, 8), nn.Tanh()),
+        ptl_rl.RecurrentCore(8, 8),
+        ptl_rl.action_head(env.single_action_space, 8, gain=1.0),
+        nn.Linear(8, 1),
+    )
+    agent = ptl_rl.RecurrentActorCriticAgent(net, env.single_action_space, seed=0)
+    source = ptl_rl.ExperienceSource(env, agent, gamma=0.9, seed=0)
+    normalized = ptl_rl.NormalizeObservations(source)
+    scaled = ptl_rl.ScaleRewards(normalized, gamma=0.9)
+    rollout = ptl_rl.RolloutBuffer(scaled, 16, epochs=1, num_minibatches=1, sequence_length=5, seed=0)
+    starts_inside = 0
+    for _ in range(6):  # later rollouts: the statistics have moved, episodes start mid-sequence
+        batch = next(rollout)
+        mask = batch.mask
+        with torch.no_grad():
+            log_prob, _, value = agent.evaluate_sequences(batch)
+        torch.testing.assert_close(log_prob[mask], batch.log_prob[mask], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(value[mask], batch.value[mask], rtol=1e-5, atol=1e-5)
+        assert batch.hidden.shape[-1] == 16  # the LSTM's [h, c], passed through both stages
+        starts_inside += int(batch.episode_start[:, 1:].sum())
+    assert starts_inside > 0
+    flat = rollout.rollout
+    assert not np.allclose(flat["reward"], 1.0), "CartPole's rewards of 1 are scaled"
+    assert abs(float(np.mean(flat["obs"]))) < 0.5 and 0.3 < float(np.std(flat["obs"])) < 3, "obs are normalized"
+    env_ids = np.asarray(flat["env_id"])
+    for e in np.unique(env_ids):
+        last = np.flatnonzero(env_ids == e)[-1]
+        if flat["terminated"][last]:
+            continue
+        v = agent.next_value({k: flat[k][[last]] for k in ("obs", "next_obs", "hidden")})[0]
+        expected = flat["reward"][last] + flat["discount"][last] * v
+        assert flat["returns"][last] == pytest.approx(expected, rel=1e-5, abs=1e-5)
