@@ -78,7 +78,10 @@ static int is_int64(const Py_buffer *b) {
 }
 
 static int same_format(const Py_buffer *a, const Py_buffer *b) {
-    return a->itemsize == b->itemsize && a->format != NULL && b->format != NULL && strcmp(a->format, b->format) == 0;
+    /* (formats of plain dtypes are one character: compared inline before any call) */
+    return a->itemsize == b->itemsize && a->format != NULL && b->format != NULL && a->format[0] == b->format[0] &&
+           (a->format[0] == '\0' || a->format[1] == b->format[1]) &&
+           (a->format[0] == '\0' || a->format[1] == '\0' || strcmp(a->format, b->format) == 0);
 }
 
 static int kernel_error(const char *what) {
@@ -160,6 +163,8 @@ static int Kernel_init(Kernel *p, PyObject *args, PyObject *kwds) {
     for (Py_ssize_t k = 0; k < p->nfields + 2; k++) {
         PyObject *key = PyTuple_GET_ITEM(keys, k);
         if (!PyUnicode_CheckExact(key)) return kernel_error("keys must be str");
+        for (Py_ssize_t j = 0; j < k; j++)
+            if (PyUnicode_Compare(key, p->keys[j]) == 0) return kernel_error("keys must differ");
         Py_INCREF(key);
         p->keys[k] = key;
         p->keys_held = k + 1;
@@ -322,6 +327,7 @@ static PyObject *Kernel_insert(Kernel *p, PyObject *const *args, Py_ssize_t narg
     const Py_buffer *st = NULL;
     Py_buffer *sp = NULL;
     void *work = NULL;
+    Py_ssize_t scratch[512]; /* 4 KiB */
     Py_buffer fb[MAXFIELDS];
     Py_ssize_t got = 0; /* field buffers taken */
     int have_obs = 0, have_nxt = 0, have_st = 0, have_sp = 0;
@@ -364,8 +370,10 @@ static PyObject *Kernel_insert(Kernel *p, PyObject *const *args, Py_ssize_t narg
     const char *term = (const char *)fb[p->terminated_k].buf, *trunc = (const char *)fb[p->truncated_k].buf;
     if (count * S * 2 > P) goto fallback; /* (the Python path explains a pool too small for one batch) */
     /* scratch: rank, rows (twice: the finals' fresh rows follow a group), seen (per env), prev, refs, 3 flags */
-    work = PyMem_Malloc((3 * count + p->E) * sizeof(Py_ssize_t) + count * sizeof(int64_t *) +
-                        count * S * sizeof(int64_t) + 3 * count);
+    const size_t work_bytes = (3 * count + p->E) * sizeof(Py_ssize_t) + count * sizeof(int64_t *) +
+                              count * S * sizeof(int64_t) + 3 * count;
+    /* (a vector step of a few dozen envs fits on the stack: no allocation on the common add) */
+    work = work_bytes <= sizeof(scratch) ? (void *)scratch : PyMem_Malloc(work_bytes);
     if (work == NULL) goto fallback;
     Py_ssize_t *rank = (Py_ssize_t *)work, *rows = rank + count, *seen = rows + 2 * count;
     int64_t **prev = (int64_t **)(seen + p->E);
@@ -532,7 +540,7 @@ static PyObject *Kernel_insert(Kernel *p, PyObject *const *args, Py_ssize_t narg
 
 fallback:
     if (PyErr_Occurred()) PyErr_Clear(); /* (an array that exports no buffer, a key that hashes oddly: Python) */
-    PyMem_Free(work);
+    if (work != (void *)scratch) PyMem_Free(work);
     for (Py_ssize_t k = 0; k < got; k++) PyBuffer_Release(&fb[k]);
     if (have_obs) PyBuffer_Release(&obs);
     if (have_nxt) PyBuffer_Release(&nxt);
