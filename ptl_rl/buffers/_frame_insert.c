@@ -2,14 +2,15 @@
  *
  * Plain CPython C API and the buffer protocol (PyObject_GetBuffer), no numpy headers and no numpy object
  * layout: the build needs setuptools and a C compiler only, and the module does not depend on a numpy version.
- * It reads and writes no Python attributes: the caller (ptl_rl/buffers/frames/compiled.py) passes arrays and
- * integers, and commits the bookkeeping (counters, journal, ...) itself once the kernel returned.
+ * It reads and writes no Python attributes: the caller (ptl_rl/buffers/frames/compiled.py) passes the batch's
+ * dict of arrays, the state arrays and integers, and commits the bookkeeping (counters, journal, ...) itself
+ * once the kernel returned. The batch's keys are data handed over at bind time (str objects the Kernel holds).
  * See docs/design/pixel-replay.md ("Compiled insert") for what is covered and why an interrupt cannot split it.
  *
  * A Kernel holds the storage's long-lived arrays (pool, frame references, pending frames, the frame watermark,
- * the other fields' rings) as buffers acquired once. Kernel.insert(...) checks a batch against them and either
- * changes nothing and returns -1 (not covered: the caller takes the Python path), or writes the whole batch and
- * returns the number of frames written. Every check comes before the first write, and no Python code runs
+ * the other fields' rings, the per-env state and its spare) as buffers acquired once. Kernel.insert(...) takes
+ * the batch's dict, checks it against them and either changes nothing and returns -1 (not covered: the caller
+ * takes the Python path), or writes the whole batch and returns the number of rows written. Every check comes before the first write, and no Python code runs
  * inside the call, so a KeyboardInterrupt lands before it or after all of it.
  *
  * What it writes, and why an uncommitted insert is harmless: the per-env state goes into the spare array (the
@@ -36,6 +37,13 @@ typedef struct {
     int held; /* how many of the five buffers above are held (acquired in that order) */
     Py_ssize_t nfields, fields_held;
     Py_buffer *fields;
+    PyObject *keys[MAXFIELDS + 2]; /* the batch's keys (str, given at bind): obs, next_obs, then the fields' */
+    Py_ssize_t keys_held;
+    /* the per-env state and its spare, held across calls: they swap roles at every commit, so a call names
+     * which is which by passing the objects, and any other object is exported for that call only */
+    PyObject *state_obj[2];
+    Py_buffer state_buf[2];
+    int states_held;
     Py_ssize_t row_bytes[MAXFIELDS];
     Py_ssize_t env_k, terminated_k, truncated_k; /* positions of those fields among the fields */
     Py_ssize_t S, n, W, E, capacity, pool_size, frame_bytes, frame_ndim, itemsize;
@@ -50,6 +58,13 @@ static void release_kernel(Kernel *p) {
     p->fields_held = 0;
     PyMem_Free(p->fields);
     p->fields = NULL;
+    for (Py_ssize_t k = 0; k < p->keys_held; k++) Py_CLEAR(p->keys[k]);
+    p->keys_held = 0;
+    for (int i = 0; i < p->states_held; i++) {
+        PyBuffer_Release(&p->state_buf[i]);
+        Py_CLEAR(p->state_obj[i]);
+    }
+    p->states_held = 0;
 }
 
 static void Kernel_dealloc(Kernel *p) {
@@ -63,7 +78,10 @@ static int is_int64(const Py_buffer *b) {
 }
 
 static int same_format(const Py_buffer *a, const Py_buffer *b) {
-    return a->itemsize == b->itemsize && a->format != NULL && b->format != NULL && strcmp(a->format, b->format) == 0;
+    /* (formats of plain dtypes are one character: compared inline before any call) */
+    return a->itemsize == b->itemsize && a->format != NULL && b->format != NULL && a->format[0] == b->format[0] &&
+           (a->format[0] == '\0' || a->format[1] == b->format[1]) &&
+           (a->format[0] == '\0' || a->format[1] == '\0' || strcmp(a->format, b->format) == 0);
 }
 
 static int kernel_error(const char *what) {
@@ -73,13 +91,20 @@ static int kernel_error(const char *what) {
 
 #define WRITABLE_ARRAY (PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE)
 
-/* Kernel(pool, obs_refs, next_refs, pending, watermark, fields, env_k, terminated_k, truncated_k, n) */
+/* a per-env state array: int64 [E, W] */
+static int state_ok(const Kernel *p, const Py_buffer *b) {
+    return b->ndim == 2 && is_int64(b) && b->shape[0] == p->E && b->shape[1] == p->W;
+}
+
+/* Kernel(pool, obs_refs, next_refs, pending, watermark, fields, keys, state, spare, env_k, terminated_k,
+ *        truncated_k, n) */
 static int Kernel_init(Kernel *p, PyObject *args, PyObject *kwds) {
-    PyObject *pool, *obs_refs, *next_refs, *pending, *watermark, *fields;
+    PyObject *pool, *obs_refs, *next_refs, *pending, *watermark, *fields, *keys, *state, *spare;
     Py_ssize_t env_k, terminated_k, truncated_k, n;
     if (kwds != NULL && PyDict_Size(kwds) > 0) return kernel_error("takes positional arguments only");
-    if (!PyArg_ParseTuple(args, "OOOOOO!nnnn", &pool, &obs_refs, &next_refs, &pending, &watermark, &PyTuple_Type,
-                          &fields, &env_k, &terminated_k, &truncated_k, &n))
+    if (!PyArg_ParseTuple(args, "OOOOOO!O!OOnnnn", &pool, &obs_refs, &next_refs, &pending, &watermark,
+                          &PyTuple_Type, &fields, &PyTuple_Type, &keys, &state, &spare, &env_k, &terminated_k,
+                          &truncated_k, &n))
         return -1;
     release_kernel(p);
     PyObject *arrays[5] = {pool, obs_refs, next_refs, pending, watermark};
@@ -134,6 +159,25 @@ static int Kernel_init(Kernel *p, PyObject *args, PyObject *kwds) {
     if (!is_int64(&p->fields[env_k]) || p->fields[env_k].ndim != 1 || p->fields[terminated_k].itemsize != 1 ||
         p->fields[terminated_k].ndim != 1 || p->fields[truncated_k].itemsize != 1 || p->fields[truncated_k].ndim != 1)
         return kernel_error("env_id must be int64 [capacity], terminated and truncated bool [capacity]");
+    if (PyTuple_GET_SIZE(keys) != p->nfields + 2) return kernel_error("keys must be (obs, next_obs, *fields' keys)");
+    for (Py_ssize_t k = 0; k < p->nfields + 2; k++) {
+        PyObject *key = PyTuple_GET_ITEM(keys, k);
+        if (!PyUnicode_CheckExact(key)) return kernel_error("keys must be str");
+        for (Py_ssize_t j = 0; j < k; j++)
+            if (PyUnicode_Compare(key, p->keys[j]) == 0) return kernel_error("keys must differ");
+        Py_INCREF(key);
+        p->keys[k] = key;
+        p->keys_held = k + 1;
+    }
+    PyObject *states[2] = {state, spare};
+    for (int i = 0; i < 2; i++) {
+        if (PyObject_GetBuffer(states[i], &p->state_buf[i], WRITABLE_ARRAY) < 0) return -1;
+        Py_INCREF(states[i]);
+        p->state_obj[i] = states[i];
+        p->states_held = i + 1;
+        if (!state_ok(p, &p->state_buf[i])) return kernel_error("state and spare must be int64 [E, W]");
+    }
+    if (p->state_buf[0].buf == p->state_buf[1].buf) return kernel_error("state and spare must not share memory");
     return 0;
 }
 
@@ -253,42 +297,55 @@ static void insert_stacks(Pool *pl, const Py_buffer *src, const Py_ssize_t *rows
     }
 }
 
-/* insert(arrays, state, spare, trusted, cursor, total_added)
- *   arrays: (obs, next_obs, *fields) of the batch, the fields in the order the Kernel was built with
+/* insert(batch, state, spare, trusted, cursor, total_added)
+ *   batch: the batch's dict of arrays (TransitionBatch._fields), exactly the keys the Kernel was built with
  *   state: the committed per-env state, int64 [E, W] (read only); spare: the same shape, gets the new state
+ *     (both held since the bind when they are the arrays given there, in either role)
  *   cursor, total_added: the storage's counters before the batch
- * -> the number of frames written (the watermark advanced by it), or -1: not covered, nothing changed */
+ * -> the number of rows written, or -1: not covered, nothing changed */
 static PyObject *Kernel_insert(Kernel *p, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "insert takes 6 arguments");
         return NULL;
     }
-    if (p->held != 5) {
+    if (p->held != 5 || p->states_held != 2) {
         PyErr_SetString(PyExc_RuntimeError, "_frame_insert.Kernel is not initialised");
         return NULL;
     }
-    PyObject *arrays = args[0];
+    PyObject *data = args[0];
     int trusted = PyObject_IsTrue(args[3]);
     long long cursor = PyLong_AsLongLong(args[4]), total = PyLong_AsLongLong(args[5]);
     if (trusted < 0 || PyErr_Occurred()) return NULL;
-    if (!PyTuple_CheckExact(arrays) || PyTuple_GET_SIZE(arrays) != p->nfields + 2) return PyLong_FromLong(-1);
+    const Py_ssize_t nkeys = p->nfields + 2;
+    /* another key, or one missing: the Python path refuses (or stores) it */
+    if (!PyDict_CheckExact(data) || PyDict_GET_SIZE(data) != nkeys) return PyLong_FromLong(-1);
     if (cursor < 0 || cursor >= p->capacity || total < 0) return PyLong_FromLong(-1);
 
-    Py_buffer obs = {0}, nxt = {0}, st = {0}, sp = {0};
+    PyObject *item[MAXFIELDS + 2]; /* (owned while the call runs: an exporter could in theory run Python code) */
+    Py_ssize_t items = 0;
+    Py_buffer obs = {0}, nxt = {0}, st_own = {0}, sp_own = {0};
+    const Py_buffer *st = NULL;
+    Py_buffer *sp = NULL;
     void *work = NULL;
+    Py_ssize_t scratch[512]; /* 4 KiB */
     Py_buffer fb[MAXFIELDS];
     Py_ssize_t got = 0; /* field buffers taken */
     int have_obs = 0, have_nxt = 0, have_st = 0, have_sp = 0;
     long long written = -1; /* not covered unless every check passes */
-    if (PyObject_GetBuffer(PyTuple_GET_ITEM(arrays, 0), &obs, PyBUF_RECORDS_RO) < 0) goto fallback;
+    for (; items < nkeys; items++) {
+        item[items] = PyDict_GetItemWithError(data, p->keys[items]);
+        if (item[items] == NULL) goto fallback;
+        Py_INCREF(item[items]);
+    }
+    if (PyObject_GetBuffer(item[0], &obs, PyBUF_RECORDS_RO) < 0) goto fallback;
     have_obs = 1;
-    if (PyObject_GetBuffer(PyTuple_GET_ITEM(arrays, 1), &nxt, PyBUF_RECORDS_RO) < 0) goto fallback;
+    if (PyObject_GetBuffer(item[1], &nxt, PyBUF_RECORDS_RO) < 0) goto fallback;
     have_nxt = 1;
     if (!obs_layout_ok(p, &obs) || !obs_layout_ok(p, &nxt)) goto fallback;
     const Py_ssize_t count = obs.shape[0], S = p->S, W = p->W, n = p->n, cap = p->capacity, P = p->pool_size;
     if (count < 1 || count > cap || count > P || nxt.shape[0] != count) goto fallback;
     for (Py_ssize_t k = 0; k < p->nfields; k++) {
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(arrays, k + 2), &fb[k], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        if (PyObject_GetBuffer(item[k + 2], &fb[k], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
             goto fallback;
         got = k + 1;
         const Py_buffer *f = &p->fields[k];
@@ -296,20 +353,27 @@ static PyObject *Kernel_insert(Kernel *p, PyObject *const *args, Py_ssize_t narg
         for (int dim = 1; dim < f->ndim; dim++)
             if (fb[k].shape[dim] != f->shape[dim]) goto fallback;
     }
-    if (PyObject_GetBuffer(args[1], &st, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto fallback;
-    have_st = 1;
-    if (PyObject_GetBuffer(args[2], &sp, WRITABLE_ARRAY) < 0) goto fallback;
-    have_sp = 1;
-    if (st.ndim != 2 || !is_int64(&st) || st.shape[0] != p->E || st.shape[1] != W || sp.ndim != 2 ||
-        !is_int64(&sp) || sp.shape[0] != p->E || sp.shape[1] != W || sp.buf == st.buf)
-        goto fallback;
+    if (args[1] == p->state_obj[0] && args[2] == p->state_obj[1]) {
+        st = &p->state_buf[0], sp = &p->state_buf[1];
+    } else if (args[1] == p->state_obj[1] && args[2] == p->state_obj[0]) {
+        st = &p->state_buf[1], sp = &p->state_buf[0];
+    } else { /* arrays other than those held: exported for this call (checked as the held ones were) */
+        if (PyObject_GetBuffer(args[1], &st_own, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto fallback;
+        have_st = 1;
+        if (PyObject_GetBuffer(args[2], &sp_own, WRITABLE_ARRAY) < 0) goto fallback;
+        have_sp = 1;
+        if (!state_ok(p, &st_own) || !state_ok(p, &sp_own) || sp_own.buf == st_own.buf) goto fallback;
+        st = &st_own, sp = &sp_own;
+    }
     /* rows of an env in time order, any interleaving; env ids inside the per-env state */
     const int64_t *env = (const int64_t *)fb[p->env_k].buf;
     const char *term = (const char *)fb[p->terminated_k].buf, *trunc = (const char *)fb[p->truncated_k].buf;
     if (count * S * 2 > P) goto fallback; /* (the Python path explains a pool too small for one batch) */
     /* scratch: rank, rows (twice: the finals' fresh rows follow a group), seen (per env), prev, refs, 3 flags */
-    work = PyMem_Malloc((3 * count + p->E) * sizeof(Py_ssize_t) + count * sizeof(int64_t *) +
-                        count * S * sizeof(int64_t) + 3 * count);
+    const size_t work_bytes = (3 * count + p->E) * sizeof(Py_ssize_t) + count * sizeof(int64_t *) +
+                              count * S * sizeof(int64_t) + 3 * count;
+    /* (a vector step of a few dozen envs fits on the stack: no allocation on the common add) */
+    work = work_bytes <= sizeof(scratch) ? (void *)scratch : PyMem_Malloc(work_bytes);
     if (work == NULL) goto fallback;
     Py_ssize_t *rank = (Py_ssize_t *)work, *rows = rank + count, *seen = rows + 2 * count;
     int64_t **prev = (int64_t **)(seen + p->E);
@@ -329,8 +393,8 @@ static PyObject *Kernel_insert(Kernel *p, PyObject *const *args, Py_ssize_t narg
      * path backs up for a caller that rolls the add back (a SequenceReplayBuffer's redo) */
     if (!trusted && groups > 1) goto fallback;
     /* the new per-env state starts as the committed one; from here on `state` is the spare */
-    memcpy(sp.buf, st.buf, p->E * W * sizeof(int64_t));
-    int64_t *state = (int64_t *)sp.buf;
+    memcpy(sp->buf, st->buf, p->E * W * sizeof(int64_t));
+    int64_t *state = (int64_t *)sp->buf;
     int64_t *obs_refs = (int64_t *)p->obs_refs.buf, *next_refs = (int64_t *)p->next_refs.buf;
     char *pending = (char *)p->pending.buf;
     const Py_ssize_t fbytes = p->frame_bytes;
@@ -472,23 +536,25 @@ static PyObject *Kernel_insert(Kernel *p, PyObject *const *args, Py_ssize_t narg
 #if defined(__SSE2__)
     _mm_sfence(); /* (the streaming stores of copy_frame are ordered before anything after the call) */
 #endif
-    written = pl.fw - fw0;
+    written = count;
 
 fallback:
-    if (PyErr_Occurred()) PyErr_Clear(); /* (an array that exports no buffer: the Python path explains) */
-    PyMem_Free(work);
+    if (PyErr_Occurred()) PyErr_Clear(); /* (an array that exports no buffer, a key that hashes oddly: Python) */
+    if (work != (void *)scratch) PyMem_Free(work);
     for (Py_ssize_t k = 0; k < got; k++) PyBuffer_Release(&fb[k]);
     if (have_obs) PyBuffer_Release(&obs);
     if (have_nxt) PyBuffer_Release(&nxt);
-    if (have_st) PyBuffer_Release(&st);
-    if (have_sp) PyBuffer_Release(&sp);
+    if (have_st) PyBuffer_Release(&st_own);
+    if (have_sp) PyBuffer_Release(&sp_own);
+    for (Py_ssize_t k = 0; k < items; k++) Py_DECREF(item[k]);
     return PyLong_FromLongLong(written);
 }
 
 static PyMethodDef Kernel_methods[] = {
     {"insert", (PyCFunction)(void (*)(void))Kernel_insert, METH_FASTCALL,
-     "insert(arrays, state, spare, trusted, cursor, total_added) -> frames written, or -1 when the batch is not "
-     "covered (nothing changed). arrays: (obs, next_obs, *fields); the new per-env state goes into spare."},
+     "insert(batch, state, spare, trusted, cursor, total_added) -> rows written, or -1 when the batch is not "
+     "covered (nothing changed). batch: the batch's dict of arrays, with exactly the keys of the bind; the new "
+     "per-env state goes into spare."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -496,8 +562,8 @@ static PyTypeObject KernelType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ptl_rl.buffers._frame_insert.Kernel",
     .tp_basicsize = sizeof(Kernel),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Kernel(pool, obs_refs, next_refs, pending, watermark, fields, env_k, terminated_k, truncated_k, n): "
-              "a FrameStorage's arrays, held as buffers, for its compiled insert",
+    .tp_doc = "Kernel(pool, obs_refs, next_refs, pending, watermark, fields, keys, state, spare, env_k, "
+              "terminated_k, truncated_k, n): a FrameStorage's arrays, held as buffers, for its compiled insert",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Kernel_init,
     .tp_dealloc = (destructor)Kernel_dealloc,

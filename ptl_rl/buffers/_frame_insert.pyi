@@ -5,7 +5,8 @@ import numpy as np
 import numpy.typing as npt
 
 class Kernel:
-    """A FrameStorage's long-lived arrays held as buffers; ``insert`` writes one batch into them."""
+    """A FrameStorage's long-lived arrays (the per-env state pair included) held as buffers, and the batch's keys
+    (``("obs", "next_obs", *fields)``); ``insert`` writes one batch, given as its dict, into them."""
 
     def __init__(
         self,
@@ -15,6 +16,9 @@ class Kernel:
         pending: np.ndarray,
         watermark: npt.NDArray[np.int64],
         fields: tuple[np.ndarray, ...],
+        keys: tuple[str, ...],
+        state: npt.NDArray[np.int64],
+        spare: npt.NDArray[np.int64],
         env_k: int,
         terminated_k: int,
         truncated_k: int,
@@ -23,7 +27,7 @@ class Kernel:
     ) -> None: ...
     def insert(
         self,
-        arrays: tuple[Any, ...],
+        batch: dict[str, Any],
         state: npt.NDArray[np.int64],
         spare: npt.NDArray[np.int64],
         trusted: bool,
@@ -31,4 +35,4 @@ class Kernel:
         total_added: int,
         /,
     ) -> int:
-        """Frames written (the watermark advanced by them), or -1: the batch is not covered, nothing changed."""
+        """Rows written, or -1: the batch is not covered (a key more or missing, ...), nothing changed."""

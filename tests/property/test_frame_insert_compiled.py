@@ -20,6 +20,7 @@ import copy
 import functools
 import os
 import pickle
+import re
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from test_frame_storage import check_against_reference, make_env, random_agent, 
 
 from ptl_rl import ExperienceSource, FrameStorage, NStepTransform, ReplayBuffer, TransitionBatch
 from ptl_rl.buffers import frames as frames_module
+from ptl_rl.buffers.frames.env_state import EnvState
 from ptl_rl.buffers.unfinished import UnfinishedAdd
 
 compiled = pytest.mark.skipif(
@@ -263,6 +265,37 @@ def test_compiled_insert_is_left_for_layouts_it_does_not_cover():
 
 
 @compiled
+def test_the_kernel_takes_the_batch_dict_and_state_arrays_it_was_not_bound_with():
+    """The kernel looks the bound keys up in the batch's dict itself: a key more or one missing is not covered
+    (nothing written). It holds the state arrays of the bind; other ones (not rebound) are read for the call."""
+    batches = synthetic_batches(4, 3, 4, 2, 40, 0.1, 3, False)
+    make = functools.partial(FrameStorage, 30, stack_axis=0, n_step=2, extra_frames=100, check=False)
+    fast, pure = make(), make()
+    fast.compiled, pure.compiled = True, False
+    counting = Counting(fast)
+    for batch in batches[:10]:
+        fast.add(batch), pure.add(batch)
+    before = snapshot_of(fast)
+    extra = TransitionBatch({**batches[10], "info": np.zeros(len(batches[10]))})
+    missing = TransitionBatch({k: v for k, v in batches[10].items() if k != "reward"})
+    for odd in (extra, missing):
+        assert fast.try_atomic_add(odd, UnfinishedAdd((odd,), done=False)) is None
+        after = snapshot_of(fast)
+        assert before.keys() == after.keys()
+        for key in before:
+            np.testing.assert_equal(after[key], before[key], err_msg=key)
+    state = fast._state
+    fast._state = EnvState(state.array.copy(), fast.stack, 2)  # (replaced without dropping the kernel)
+    fast._spare = fast._state.spare()
+    taken = counting.taken
+    for i, batch in enumerate(batches[10:]):
+        np.testing.assert_array_equal(fast.add(batch), pure.add(batch))
+        assert_same(fast, pure, f"add {i}")
+    assert counting.taken == taken + len(batches) - 10
+    assert fast._state.array is not state.array and fast._spare.array is not state.array
+
+
+@compiled
 @pytest.mark.parametrize("check", [False, True])
 def test_long_batches_of_few_envs_wrap_alike(check):
     """Batches of ~70 steps of 2 envs (an env many times: occurrence groups), wrapping a ring of 100."""
@@ -329,11 +362,16 @@ def test_plain_unpickled_and_strided_arrays_store_alike(check):
 
 
 def test_the_kernel_is_plain_c_on_buffers():
-    """The C file reads no Python attribute and no numpy object layout: only buffers, integers and tuples.
+    """The C file reads no Python attribute and no numpy object layout: only buffers, integers, tuples and the
+    batch's dict, looked up with key objects handed over at bind time (data, not names spelt in C).
 
     A rename in ``ptl_rl/buffers/frames/`` cannot break the compiled path silently, and no numpy version is
     tied to the build (issue #22). Its arguments are checked when the kernel is built and on every insert.
     """
     source = (Path(frames_module.__file__).parent.parent / "_frame_insert.c").read_text()
-    for banned in ("GetAttr", "SetAttr", "PyArrayObject", "->descr", "numpy/", "PyDict_GetItem"):
-        assert banned not in source, banned
+    banned = ("GetAttr", "SetAttr", "PyArrayObject", "->descr", "numpy/", "GetItemString", "FromString", "_Py_ID")
+    for name in banned:
+        assert name not in source, name
+    # every string literal is a format code, a method, module or target name, never a key or an attribute
+    literals = set(re.findall(r'"(_?[a-z_]+)"', source))
+    assert literals <= {"l", "q", "insert", "_frame_insert", "avx"}, literals
