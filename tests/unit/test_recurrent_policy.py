@@ -230,7 +230,11 @@ def test_gae_bootstraps_each_envs_last_row_through_next_value():
     """A rollout's returns at each env's last unfinished row: reward + discount * next_value (lambda irrelevant)."""
     rollout, agent, _ = pipeline("Disabled", 100, num_minibatches=1)
     next(rollout)
-    flat = rollout.rollout
+    assert_last_rows_bootstrap_through_next_value(rollout.rollout, agent)
+
+
+def assert_last_rows_bootstrap_through_next_value(flat, agent) -> None:
+    """At each env's last unfinished row of a collected rollout: returns == reward + discount * next_value."""
     env = np.asarray(flat["env_id"])
     for e in np.unique(env):
         last = np.flatnonzero(env == e)[-1]
@@ -348,11 +352,4 @@ def test_behind_normalize_observations_and_scale_rewards_the_sequences_match_wha
     flat = rollout.rollout
     assert not np.allclose(flat["reward"], 1.0), "CartPole's rewards of 1 are scaled"
     assert abs(float(np.mean(flat["obs"]))) < 0.5 and 0.3 < float(np.std(flat["obs"])) < 3, "obs are normalized"
-    env_ids = np.asarray(flat["env_id"])
-    for e in np.unique(env_ids):
-        last = np.flatnonzero(env_ids == e)[-1]
-        if flat["terminated"][last]:
-            continue
-        v = agent.next_value({k: flat[k][[last]] for k in ("obs", "next_obs", "hidden")})[0]
-        expected = flat["reward"][last] + flat["discount"][last] * v
-        assert flat["returns"][last] == pytest.approx(expected, rel=1e-5, abs=1e-5)
+    assert_last_rows_bootstrap_through_next_value(flat, agent)
