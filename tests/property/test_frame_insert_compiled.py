@@ -31,6 +31,7 @@ from test_frame_storage import check_against_reference, make_env, random_agent, 
 
 from ptl_rl import ExperienceSource, FrameStorage, NStepTransform, ReplayBuffer, TransitionBatch
 from ptl_rl.buffers import frames as frames_module
+from ptl_rl.buffers.frames.compiled import _SlotWindows
 from ptl_rl.buffers.frames.env_state import EnvState
 from ptl_rl.buffers.unfinished import UnfinishedAdd
 
@@ -66,9 +67,10 @@ def snapshot_of(storage: FrameStorage) -> dict[str, object]:
     for name, array in storage._fields.fields.items():
         out[f"field.{name}"] = np.array(array, copy=True)
     # what a cut resolves from: the newest batches' first transition number, env ids and next_obs frames
-    out["retained.first"] = tuple(first for first, _, _ in storage._retained)
-    for k, (_, env, next_frames) in enumerate(storage._retained):
-        out[f"retained.{k}.env"], out[f"retained.{k}.next"] = np.array(env), np.array(next_frames)
+    out["retained.first"] = tuple(first for first, _ in storage._retained)
+    for k, (_, rows_of) in enumerate(storage._retained):
+        out[f"retained.{k}.env"] = np.array(rows_of["env_id"])
+        out[f"retained.{k}.next"] = np.array(rows_of["next_obs"])
     return out
 
 
@@ -375,3 +377,20 @@ def test_the_kernel_is_plain_c_on_buffers():
     # every string literal is a format code, a method, module or target name, never a key or an attribute
     literals = set(re.findall(r'"(_?[a-z_]+)"', source))
     assert literals <= {"l", "q", "insert", "_frame_insert", "avx"}, literals
+
+
+@settings(max_examples=60, deadline=None)
+@given(capacity=st.integers(1, 50), counts=st.lists(st.integers(1, 60), min_size=1, max_size=6))
+def test_slot_windows_give_the_wrapped_slots_of_every_count_and_cursor(capacity, counts):
+    """The compiled insert's slots, windows[count][cursor], equal (cursor + arange(count)) % capacity, read-only,
+    and a window made before a larger count grew the shared array stays right."""
+    windows = _SlotWindows(capacity)
+    made = []
+    for count in counts:
+        count = min(count, capacity)  # (the kernel writes at most capacity rows)
+        made.append((count, windows[count]))
+        for earlier_count, window in made:
+            assert window is windows[earlier_count]
+            for cursor in range(capacity):
+                np.testing.assert_array_equal(window[cursor], (cursor + np.arange(earlier_count)) % capacity)
+    assert not windows[made[0][0]][0].flags.writeable

@@ -107,5 +107,5 @@ class FrameInsert(FrameChecks):
             finished = envs[done[last_row[envs]]]
             state.last[finished] = state.final[finished]
         # the newest batches stay referenced (no copy): at a cut, their rows still waiting take their own next_obs
-        self._retained = (*self._retained, (first_gen, env, next_frames))[-self.n_step :]
+        self._retained = (*self._retained, (first_gen, {"env_id": env, "next_obs": next_frames}))[-self.n_step :]
         return slots

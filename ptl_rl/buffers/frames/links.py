@@ -9,6 +9,7 @@ numbered stream resolves what waits from the batches' own ``next_obs`` (retained
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -38,8 +39,9 @@ class FrameLinks(FramePool):
     # (batch, its stream_seq) of the last few batches pulled or added: a batch keeps the number it had when it
     # was pulled, though the upstream has moved on by the time an interrupted add of it is done again
     _numbered: tuple[tuple[TransitionBatch, int | None], ...]
-    # (first transition number, env_id, next_obs frames) of the last n_step batches added (references)
-    _retained: tuple[tuple[int, np.ndarray, np.ndarray], ...]
+    # (first transition number, {"env_id": int64 [B], "next_obs": frames [B, S, *frame], ...}) of the last n_step
+    # batches added (references: the compiled insert keeps the batch's own dict, the Python path a dict of these two)
+    _retained: tuple[tuple[int, Mapping[str, np.ndarray]], ...]
     # the compiled insert's hold on the arrays (None: to build; False: not covered); reset wherever an array it
     # holds is replaced
     _kernel: Any
@@ -243,7 +245,8 @@ class FrameLinks(FramePool):
         """
         state = self._state
         waiting = state.recent[state.recent >= max(self._fields.total_added - self.capacity, 0)]
-        for first_gen, env, next_frames in self._retained if len(waiting) else ():
+        for first_gen, rows_of in self._retained if len(waiting) else ():
+            env, next_frames = rows_of["env_id"], rows_of["next_obs"]
             rows = waiting - first_gen
             rows = rows[(rows >= 0) & (rows < len(env))]
             if len(rows):
