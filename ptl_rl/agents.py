@@ -16,6 +16,7 @@ from torch import nn
 from ptl_rl._checks import check_output_width, scores_width, static_output_width
 from ptl_rl._state import check_version, versioned
 from ptl_rl._trees import to_numpy
+from ptl_rl.batch import TorchBatch
 from ptl_rl.distributions import ActionDistribution, ActionRescaler, Categorical, MultiCategorical, uniform_log_prob
 from ptl_rl.protocols import ObsTree
 from ptl_rl.ranks import rank_seed
@@ -411,7 +412,7 @@ class StochasticPolicyAgent(_SeededAgentState):
             check_output_width(type(self).__name__, int(width), self._space, "logits")
 
     @staticmethod
-    def policy_action(batch: Any) -> torch.Tensor:
+    def policy_action(batch: TorchBatch | Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The action a log-prob refers to: ``batch.policy_action`` (Box) or ``batch.action`` (discrete)."""
         return batch["policy_action"] if "policy_action" in batch else batch["action"]
 
@@ -510,7 +511,9 @@ class ActorCriticAgent(StochasticPolicyAgent):
         value = self.critic_value(obs_t)
         return self._outputs(action, log_prob, {"value": value.float().cpu().numpy()})
 
-    def evaluate_actions(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def evaluate_actions(
+        self, batch: TorchBatch | Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(log_prob, entropy, value)``, each float [B], of ``batch``'s actions under the current weights."""
         dist = self.distribution(batch["obs"])
         return dist.log_prob(self.policy_action(batch)), dist.entropy(), self.critic_value(batch["obs"])

@@ -161,7 +161,7 @@ class _FieldBatch:
         indices = self._fields.get("indices")
         return _linked_feedback(indices) if isinstance(indices, torch.Tensor) else None
 
-    def update_priorities(self, td_errors: Any) -> int:
+    def update_priorities(self, td_errors: torch.Tensor | np.ndarray) -> int:
         """Feed the TD errors of this batch back as priorities ``|td_errors|``: one call from ``training_step``.
 
         ``td_errors``: float [B] (or [B, 1]), one per row in the batch's order; a
