@@ -27,20 +27,34 @@ __all__ = ["EnvStepLimit", "EpisodeStatsLogger", "NormalizationSync", "PeriodicE
 
 
 class EpisodeStatsLogger(PipelineCallback):
-    """Logs every finished episode's return and length against env steps, plus the env-step count.
+    """Logs every finished episode to the loggers, and the recent mean return and env steps as metrics.
 
-    Each episode of the pipeline's :class:`~ptl_rl.source.ExperienceSource` is
-    written to the Trainer's loggers as ``episode/return`` and
-    ``episode/length`` with the env-step count at its end as the step (an
-    integer), whatever Lightning's ``log_every_n_steps``. ``env_steps`` (an
-    integer) is written every ``every_n_steps`` training batches, and the
-    progress bar shows ``return`` (mean of the recent episodes) and
-    ``env_steps``. Under DDP the loggers of rank 0 write rank 0's episodes.
+    Two kinds of output:
+
+    * **Metrics**, every ``every_n_steps`` training batches, through
+      ``pl_module.log`` (on step, not to the loggers): ``env_steps`` (env
+      steps so far, this rank's) and ``return`` (mean undiscounted return of
+      the source's recent episodes, its ``stats_window``; absent until an
+      episode has finished). They are in ``trainer.callback_metrics`` with or
+      without a progress bar or a logger, so ``ModelCheckpoint(monitor="return",
+      mode="max")`` and ``EarlyStopping(monitor="return", mode="max")`` work on
+      them, and the progress bar shows them when ``prog_bar`` is set.
+    * **Episodes**: each episode of the pipeline's
+      :class:`~ptl_rl.source.ExperienceSource` is written to the Trainer's
+      loggers as ``episode/return`` and ``episode/length`` with the env-step
+      count at its end as the step (an integer), whatever Lightning's
+      ``log_every_n_steps``; ``env_steps`` (an integer) is written to them
+      every ``every_n_steps`` batches against the global step.
+
+    A ``self.log`` costs a few tens of microseconds, so ``every_n_steps``
+    bounds what the metrics cost (``benchmarks/lightning_overhead.py``
+    measures it). Under DDP each rank logs its own source's values, and the
+    loggers of rank 0 write rank 0's episodes.
 
     Args:
         pipeline: the source or any later stage of its pipeline.
-        every_n_steps: batches between ``env_steps`` points and progress-bar updates.
-        prog_bar: show the recent mean return and env steps in the progress bar.
+        every_n_steps: training batches between two metric points.
+        prog_bar: also show ``return`` and ``env_steps`` in the progress bar.
     """
 
     def __init__(self, pipeline: Any, every_n_steps: int = 10, prog_bar: bool = True) -> None:
@@ -56,23 +70,27 @@ class EpisodeStatsLogger(PipelineCallback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
         source = self.source
         if source.episodes_finished != self._logged_episodes:
-            new = source.episodes_finished - self._logged_episodes
-            self._logged_episodes = source.episodes_finished
-            episodes = source.recent_episodes()[-new:]  # at most stats_window of them are still held
-            for logger in trainer.loggers:
-                for episode in episodes:
-                    logger.log_metrics(
-                        {"episode/return": episode.ret, "episode/length": episode.length}, step=episode.total_steps
-                    )
+            self._log_new_episodes(trainer)
         if trainer.global_step % self.every_n_steps:
             return
         for logger in trainer.loggers:
             logger.log_metrics({"env_steps": source.total_steps}, step=trainer.global_step)
-        if self.prog_bar and trainer.progress_bar_callback is not None:  # a self.log costs about a gradient step
-            stats = source.episode_stats()
-            pl_module.log("env_steps", stats["env_steps"], prog_bar=True, logger=False, on_step=True, on_epoch=False)
-            if "return_mean" in stats:
-                pl_module.log("return", stats["return_mean"], prog_bar=True, logger=False, on_step=True, on_epoch=False)
+        stats = source.episode_stats()
+        metrics = {"env_steps": float(stats["env_steps"])}
+        if "return_mean" in stats:
+            metrics["return"] = float(stats["return_mean"])
+        pl_module.log_dict(metrics, prog_bar=self.prog_bar, logger=False, on_step=True, on_epoch=False)
+
+    def _log_new_episodes(self, trainer: Any) -> None:
+        source = self.source
+        new = source.episodes_finished - self._logged_episodes
+        self._logged_episodes = source.episodes_finished
+        episodes = source.recent_episodes()[-new:]  # at most stats_window of them are still held
+        for logger in trainer.loggers:
+            for episode in episodes:
+                logger.log_metrics(
+                    {"episode/return": episode.ret, "episode/length": episode.length}, step=episode.total_steps
+                )
 
     STATE_VERSION = 1
 
