@@ -30,12 +30,18 @@ episodes. Under DDP, :class:`~ptl_rl.callbacks.NormalizationSync` merges every
 rank's statistics every few steps, and :class:`~ptl_rl.lightning.PipelineCheckpoint`
 before each save (see :mod:`ptl_rl.running_stats`). The decisions are in
 ``docs/design/normalization.md``.
+
+Both refuse what would corrupt their statistics, before anything changes:
+a row with a NaN or an inf (``FloatingPointError`` naming the rows; the
+statistics would otherwise be NaN for good), and observations of another
+shape than the statistics' (``ValueError`` naming both shapes).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import numpy as np
 import torch
@@ -45,10 +51,39 @@ from ptl_rl._reprs import stage_repr
 from ptl_rl._state import check_version, versioned
 from ptl_rl.batch import TorchBatch, TransitionBatch
 from ptl_rl.protocols import Agent, NumberedStream, PerEnvStream
-from ptl_rl.running_stats import Moments, RunningStatistics
+from ptl_rl.running_stats import Moments, RunningStatistics, _zeros, non_finite_rows
 from ptl_rl.stages import pipeline_stages
 
 _OUTPUTS = ("normalized", "raw")
+
+_OBS_FIX = (
+    "Clean or clip the observations before they reach the normalizer (np.nan_to_num, np.clip), or fix the env: "
+    "ExperienceSource(check_finite=True), the default, refuses them at the source and names the sub-env."
+)
+_APPLY_FIX = (
+    "Apply the statistics to observations of the env they were learned on, or normalize this env's "
+    "observations with a new ObservationNormalizer(shape=env.single_observation_space.shape)."
+)
+
+
+_RETURNS_WORDING = (  # what, owner, fix: for RunningStatistics.with_rows' message
+    "discounted returns",
+    "ScaleRewards' return statistics and the returns in flight are",
+    "Scale the rewards down (or clip them) before ScaleRewards, or lower gamma.",
+)
+
+
+def _matches(obs_shape: tuple[int, ...], expected: tuple[int, ...]) -> bool:
+    """Whether ``obs_shape`` ends with ``expected``: ``[B, *shape]``, one unbatched obs, or ``[B, T, *shape]``."""
+    return obs_shape[len(obs_shape) - len(expected) :] == expected
+
+
+def _shape_error(obs_shape: tuple[int, ...], expected: tuple[int, ...], fix: str) -> ValueError:
+    per_row = obs_shape[1:] if len(obs_shape) > len(expected) else obs_shape
+    return ValueError(
+        f"observations of shape {tuple(per_row)} per row (an input of shape {tuple(obs_shape)}), but the statistics "
+        f"are of shape {tuple(expected)}: the shapes do not match. {fix}"
+    )
 
 
 class ObservationNormalizer:
@@ -57,6 +92,8 @@ class ObservationNormalizer:
     Args:
         clip: normalized values are clipped to ``[-clip, clip]``; ``None``: no clipping.
         epsilon: added to the variance before the square root.
+        shape: ``obs_shape``, the shape of one observation (``env.single_observation_space.shape``).
+            ``None``: fixed by the first rows :meth:`update` takes in (or by a loaded state).
 
     Calling it maps observations ``[B, *obs_shape]`` (a numpy array or a tensor,
     any numeric dtype) to float32 (numpy) or the tensor's float dtype:
@@ -65,6 +102,21 @@ class ObservationNormalizer:
     updates the statistics: only :meth:`update` (and the
     :class:`NormalizeObservations` stage, through it) does, and not while
     :attr:`frozen` is set.
+
+    The observation shape is fixed once known: given as ``shape=``, or at the
+    first :meth:`update` (or :meth:`load_state_dict`) of a normalizer without
+    one, or by :meth:`module`. From then on, input whose trailing dimensions
+    are not ``obs_shape`` (``[B, *obs_shape]``; also one unbatched observation
+    or ``[B, T, *obs_shape]``) is refused with a ``ValueError`` naming both
+    shapes: by :meth:`update`, by every apply path (calling, :meth:`normalize`,
+    :meth:`normalize_with`, tensors, the :meth:`module`), and by
+    :meth:`load_state_dict` for statistics of another shape. Statistics of
+    shape ``(1,)`` are never broadcast over 6-dim observations.
+
+    :meth:`update` refuses rows holding a NaN or an inf with a
+    ``FloatingPointError`` naming their indices, and leaves the statistics
+    exactly as they were (taken in, one such row would make the mean and
+    every normalized observation NaN for good).
 
     Examples:
         >>> import numpy as np
@@ -75,6 +127,11 @@ class ObservationNormalizer:
         (array([ 1., 20.]), array([  1., 100.]))
         >>> norm(np.array([[1.0, 40.0]]))  # (x - mean) / std
         array([[0., 2.]], dtype=float32)
+        >>> norm.update(np.array([[np.nan, 1.0]]))
+        Traceback (most recent call last):
+        FloatingPointError: non-finite observations (NaN or inf) in row(s) [0] of 1; refused: ...
+        >>> norm.count  # unchanged
+        2
     """
 
     def __init__(self, clip: float | None = 10.0, epsilon: float = 1e-8, shape: tuple[int, ...] | None = None) -> None:
@@ -112,6 +169,13 @@ class ObservationNormalizer:
         moments = self.statistics.moments
         return None if moments is None else moments.var
 
+    def _fixed_shape(self) -> tuple[int, ...] | None:
+        """``obs_shape`` once known: given as ``shape=`` (or fixed by :meth:`module`), else the statistics'."""
+        if self.shape is not None:
+            return self.shape
+        moments = self.statistics.moments
+        return None if moments is None else moments.shape
+
     def _shift_scale(self, moments: Moments | None) -> tuple[np.ndarray, np.ndarray]:
         cached = self._cached
         if cached is not None and cached[0] is moments:
@@ -129,7 +193,10 @@ class ObservationNormalizer:
         return self.normalize_with(obs, self.statistics.moments)
 
     def normalize_with(self, obs: Any, moments: Moments | None) -> Any:
-        """``obs`` ``[B, *obs_shape]`` normalized with ``moments`` (``None``: nothing seen, mean 0 and variance 1)."""
+        """``obs`` ``[B, *obs_shape]`` normalized with ``moments`` (``None``: nothing seen, mean 0 and variance 1).
+
+        ``ValueError`` if the trailing dimensions of ``obs`` are not the statistics' shape.
+        """
         if isinstance(obs, torch.Tensor):
             return self._normalize_tensor(obs, moments)
         if isinstance(obs, Mapping):
@@ -137,13 +204,20 @@ class ObservationNormalizer:
                 "ObservationNormalizer normalizes array observations; for a Dict observation space normalize "
                 "the Box entries with a FlattenObservation wrapper first, or leave this observation unnormalized"
             )
+        x = np.asarray(obs, dtype=np.float32)
+        expected = self.shape if moments is None else moments.shape
+        if expected is not None and not _matches(x.shape, expected):
+            raise _shape_error(x.shape, expected, _APPLY_FIX)
         shift, scale = self._shift_scale(moments)
-        out = (np.asarray(obs, dtype=np.float32) - shift) * scale
+        out = (x - shift) * scale
         if self.clip is not None:
             np.clip(out, -self.clip, self.clip, out=out)
         return out
 
     def _normalize_tensor(self, obs: torch.Tensor, moments: Moments | None) -> torch.Tensor:
+        expected = self.shape if moments is None else moments.shape
+        if expected is not None and not _matches(tuple(obs.shape), expected):
+            raise _shape_error(tuple(obs.shape), expected, _APPLY_FIX)
         dtype = obs.dtype if obs.is_floating_point() else torch.float32
         key = (dtype, obs.device)
         cached = self._torch_cache.get(key)
@@ -160,18 +234,45 @@ class ObservationNormalizer:
 
     # ------------------------------------------------------------------ updating
     def update(self, obs: np.ndarray) -> None:
-        """Add observations ``[B, *obs_shape]`` to the statistics (nothing while :attr:`frozen`)."""
+        """Add observations ``[B, *obs_shape]`` to the statistics (nothing while :attr:`frozen`).
+
+        Raises ``ValueError`` for rows of another shape than ``obs_shape`` and ``FloatingPointError``
+        naming the rows that hold a NaN or an inf; either way the statistics stay as they were.
+        """
+        rows = self._check_rows(obs)
         if not self.frozen:
-            self.commit(*self.statistics.with_rows(_as_rows(obs)))
+            self.commit(*self.with_rows(rows))
+
+    def _check_rows(self, obs: Any) -> np.ndarray:
+        """``obs`` as rows ``[B, *obs_shape]``; ``ValueError`` if their shape is not the fixed one."""
+        rows = _as_rows(obs)
+        expected = self._fixed_shape()
+        if expected is not None and rows.shape[1:] != expected:
+            raise _shape_error(rows.shape, expected, _APPLY_FIX)
+        return rows
+
+    def with_rows(self, obs: Any) -> tuple[Moments, Moments]:
+        """The statistics after taking in ``obs`` ``[B, *obs_shape]``, to :meth:`commit`; nothing is changed yet.
+
+        Refused as :meth:`update` says: rows of another shape, rows with a NaN or an inf.
+        """
+        rows = self._check_rows(obs)
+        return self.statistics.with_rows(
+            rows, what="observations", owner="the normalizer's statistics are", fix=_OBS_FIX
+        )
 
     def commit(self, local: Moments, moments: Moments) -> None:
-        """Make statistics computed by ``statistics.with_rows`` current, in the normalizer and its modules."""
+        """Make statistics computed by :meth:`with_rows` current, in the normalizer and its modules."""
         self.statistics.commit(local, moments)
         self._publish()
 
     def sync(self) -> bool:
-        """Merge the statistics of every DDP rank (a collective call; see :meth:`RunningStatistics.sync`)."""
-        synced = self.statistics.sync()
+        """Merge the statistics of every DDP rank (a collective call; see :meth:`RunningStatistics.sync`).
+
+        Merged statistics with a NaN or an inf, or of another shape than ``obs_shape``, are refused
+        (on every rank) with nothing changed.
+        """
+        synced = self.statistics.sync(shape=self._fixed_shape())
         self._publish()
         return synced
 
@@ -182,14 +283,16 @@ class ObservationNormalizer:
         :class:`~ptl_rl.distributed.RayWorkers`): its ``shift`` and ``scale`` buffers are
         part of the policy's ``state_dict``, so every weight push carries the statistics of
         that moment, and the rows of ``policy_version`` v were chosen on observations
-        normalized as of push v. Needs the observation shape (``shape=`` here, or data seen).
+        normalized as of push v. Needs the observation shape (``shape=`` here, or data seen),
+        and fixes it: the module's buffers have that shape.
         """
-        shape = self.shape if self.shape is not None else (None if self.mean is None else tuple(self.mean.shape))
+        shape = self._fixed_shape()
         if shape is None:
             raise ValueError(
                 "the normalizer does not know the observation shape yet: "
                 "ObservationNormalizer(shape=env.single_observation_space.shape)"
             )
+        self.shape = shape  # the module's buffers have it: statistics of another shape could not be published
         module = NormalizationModule(shape, self.clip)
         self._modules.append(module)
         self._publish()
@@ -217,7 +320,22 @@ class ObservationNormalizer:
         )  # fmt: skip
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s statistics and settings; refused with nothing changed if they do not fit.
+
+        ``ValueError`` for statistics of another shape than ``obs_shape`` where that is fixed
+        (``shape=``, data seen, a module); ``FloatingPointError`` for statistics with a NaN or an inf.
+        """
         check_version(state, self.STATE_VERSION, type(self).__name__)
+        loaded = RunningStatistics()
+        loaded.load_state_dict(state["statistics"])  # checks it all before this normalizer changes
+        expected = self._fixed_shape()
+        if expected is not None and loaded.moments is not None and loaded.moments.shape != expected:
+            raise ValueError(
+                f"the state holds statistics of shape {loaded.moments.shape}, but this normalizer's observations "
+                f"are of shape {expected} (given as shape=, or fixed by the rows it took in or its module): the "
+                "shapes do not match. Load the state into a normalizer for the env it was saved from, or leave it "
+                "out and start new statistics for this env"
+            )
         self.statistics.load_state_dict(state["statistics"])
         self.clip = None if state["clip"] is None else float(state["clip"])
         self.epsilon = float(state["epsilon"])
@@ -269,6 +387,8 @@ class NormalizationModule(nn.Module):
     change of its statistics. A collector process builds its own with the same
     ``shape`` and ``clip`` (``NormalizationModule((11,), 10.0)``): the weights it is sent
     fill the buffers. Input ``[B, *shape]``, any numeric dtype; output float32.
+    Input whose trailing dimensions are not ``shape``, and statistics of another
+    shape given to :meth:`load`, are refused with a ``ValueError`` naming both shapes.
     """
 
     # buffers (state_dict entries), declared: nn.Module's __getattr__ would type them Tensor | Module
@@ -282,11 +402,28 @@ class NormalizationModule(nn.Module):
         self.register_buffer("scale", torch.ones(shape, dtype=torch.float32))
 
     def load(self, shift: np.ndarray, scale: np.ndarray) -> None:
+        """Write ``shift`` and ``scale``, each of the module's shape or ``()`` (one value for every dimension)."""
+        shift_t, scale_t = torch.as_tensor(shift), torch.as_tensor(scale)
+        for value in (shift_t, scale_t):
+            if value.dim() and value.shape != self.shift.shape:
+                raise ValueError(
+                    f"statistics of shape {tuple(value.shape)} do not fit this NormalizationModule, of shape "
+                    f"{tuple(self.shift.shape)}; nothing was loaded. Build the module with the shape of the "
+                    "observations the statistics were learned on"
+                )
         with torch.no_grad():
-            self.shift.copy_(torch.as_tensor(shift).expand_as(self.shift))
-            self.scale.copy_(torch.as_tensor(scale).expand_as(self.scale))
+            self.shift.copy_(shift_t.expand_as(self.shift))
+            self.scale.copy_(scale_t.expand_as(self.scale))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        expected = tuple(self.shift.shape)
+        if not _matches(tuple(obs.shape), expected):
+            raise _shape_error(
+                tuple(obs.shape),
+                expected,
+                "Feed the module the observations of the env its statistics come from, or build it with this "
+                "env's observation shape (ObservationNormalizer(shape=env.single_observation_space.shape).module()).",
+            )
         out = (obs.to(self.shift.dtype) - self.shift) * self.scale
         return out if self.clip is None else out.clamp(-self.clip, self.clip)
 
@@ -449,7 +586,7 @@ class NormalizeObservations(_PerStepStage):
             update = None
             after = before
         else:
-            update = norm.statistics.with_rows(_as_rows(batch.obs))
+            update = norm.with_rows(batch.obs)  # refuses NaN/inf rows and other shapes before anything changes
             after = update[1]
         if self.output == "normalized":
             fields = dict(batch.items())
@@ -489,6 +626,11 @@ class ScaleRewards(_PerStepStage):
     episodes). The statistics take in each ``G`` of the batch, then each reward
     becomes ``r / sqrt(var(G) + epsilon)``, float32 [B]. Only ``reward``
     changes; episode returns logged from the source stay the env's own.
+
+    A batch whose reward (hence ``G``) is NaN or inf, or whose ``G`` overflows,
+    is refused with a ``FloatingPointError`` naming its rows and env ids; the
+    statistics and the returns in flight stay as they were (also while
+    ``frozen``), and the next batch counts as after a cut.
     """
 
     def __init__(
@@ -544,7 +686,14 @@ class ScaleRewards(_PerStepStage):
         ids, returns, pos = self._slots(batch.env_id)
         returns = np.zeros_like(returns) if cut else returns.copy()
         g = returns[pos] * self.gamma + batch.reward
-        update = None if self.frozen else self.statistics.with_rows(g)
+        if not math.isfinite(g.dot(_zeros(len(g)))):  # 0 * x: 0 for finite x, NaN for NaN and inf
+            self._last_env_id = None  # the positions cached by _slots may be of ids not kept
+            self._refuse(batch, g)
+        try:
+            update = None if self.frozen else self.statistics.with_rows(g, *_RETURNS_WORDING)
+        except FloatingPointError:  # finite returns whose moments overflow float64
+            self._last_env_id = None
+            raise
         moments = self.statistics.moments if update is None else update[1]
         var = 1.0 if moments is None else float(moments.var)
         scaled = (np.asarray(batch.reward, np.float64) / np.sqrt(var + self.epsilon)).astype(np.float32)
@@ -558,9 +707,27 @@ class ScaleRewards(_PerStepStage):
         self._env_ids, self._returns = ids, returns  # one statement: the returns move with the statistics
         return TransitionBatch.wrap(fields)
 
+    def _refuse(self, batch: TransitionBatch, g: np.ndarray) -> NoReturn:
+        bad = non_finite_rows(g)
+        reward = np.asarray(batch.reward)
+        env_ids = np.asarray(batch.env_id)[bad].tolist()
+        if not np.isfinite(reward[bad]).all():
+            raise FloatingPointError(
+                f"non-finite reward (NaN or inf) in row(s) {bad} (env_id {env_ids}) of the batch reaching "
+                "ScaleRewards; refused: its return statistics and the returns in flight are unchanged. Taken in, "
+                "it would make the variance of the returns NaN for good, and every scaled reward with it. Fix the "
+                "env (or wrap it so it clips or replaces such rewards); ExperienceSource(check_finite=True), the "
+                "default, refuses them at the source and names the sub-env"
+            )
+        raise FloatingPointError(
+            f"the discounted return overflows float64 in row(s) {bad} (env_id {env_ids}) of the batch reaching "
+            "ScaleRewards; refused: its return statistics and the returns in flight are unchanged. Scale the "
+            "rewards down (or clip them) before ScaleRewards, or lower gamma"
+        )
+
     def sync(self) -> bool:
         """Merge the return statistics of every DDP rank (collective; see :func:`sync_statistics`)."""
-        return self.statistics.sync()
+        return self.statistics.sync(shape=())
 
     STATE_VERSION = 1
 
@@ -569,7 +736,15 @@ class ScaleRewards(_PerStepStage):
         return versioned({"statistics": self.statistics.state_dict(), "frozen": self.frozen}, self.STATE_VERSION)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`; refused with nothing changed for statistics that are not finite or not scalar."""
         check_version(state, self.STATE_VERSION, type(self).__name__)
+        loaded = RunningStatistics()
+        loaded.load_state_dict(state["statistics"])  # checks it all before this stage changes
+        if loaded.moments is not None and loaded.moments.shape != ():
+            raise ValueError(
+                f"the state holds statistics of shape {loaded.moments.shape}, but ScaleRewards keeps statistics of "
+                "scalar returns, of shape (): this is not a ScaleRewards state"
+            )
         self.statistics.load_state_dict(state["statistics"])
         self.frozen = bool(state["frozen"])
         self._returns = np.zeros_like(self._returns)

@@ -67,13 +67,17 @@ def test_model_checkpoint_keeps_the_best_return(L, tmp_path) -> None:
     assert best.best_model_score is not None
     assert float(best.best_model_score) == pytest.approx(max(monitored), rel=1e-6)
     saved = torch.load(best.best_model_path, weights_only=True)
-    assert saved["global_step"] in {step for step, metrics, _ in recorder.seen if metrics.get("return") == max(monitored)}
+    assert saved["global_step"] in {
+        step for step, metrics, _ in recorder.seen if metrics.get("return") == max(monitored)
+    }
 
 
 def test_early_stopping_on_the_return_stops_the_run(L) -> None:
     net, sampler = build_pipeline()
     source = ptl_rl.find_stage(sampler, ptl_rl.ExperienceSource)
-    stop = L.callbacks.EarlyStopping(monitor="return", mode="max", stopping_threshold=5.0, check_on_train_epoch_end=True)
+    stop = L.callbacks.EarlyStopping(
+        monitor="return", mode="max", stopping_threshold=5.0, check_on_train_epoch_end=True
+    )
     fit = trainer(L, max_steps=10_000, callbacks=[ptl_rl.EpisodeStatsLogger(sampler, every_n_steps=5), stop])
     fit.fit(q_module_class(L)(net), train_dataloaders=ptl_rl.to_dataloader(sampler, steps_per_epoch=25))
     assert fit.global_step == 25  # the first epoch end: CartPole returns are >= 8, above the threshold
@@ -83,7 +87,9 @@ def test_early_stopping_on_the_return_stops_the_run(L) -> None:
 
 def test_early_stopping_without_improvement_stops_after_its_patience(L) -> None:
     net, sampler = build_pipeline()
-    stop = L.callbacks.EarlyStopping(monitor="return", mode="max", patience=2, min_delta=1e6, check_on_train_epoch_end=True)
+    stop = L.callbacks.EarlyStopping(
+        monitor="return", mode="max", patience=2, min_delta=1e6, check_on_train_epoch_end=True
+    )
     fit = trainer(L, max_steps=10_000, callbacks=[ptl_rl.EpisodeStatsLogger(sampler, every_n_steps=5), stop])
     fit.fit(q_module_class(L)(net), train_dataloaders=ptl_rl.to_dataloader(sampler, steps_per_epoch=25))
     assert fit.global_step == 75  # first check sets the best; two more without an improvement of 1e6 stop it
