@@ -26,7 +26,9 @@ envs' streams were cut.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
+import re
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TypeGuard
@@ -75,6 +77,67 @@ def _check_env_api(env: Any) -> None:
             f"ExperienceSource needs a gymnasium.Env or gymnasium.vector.VectorEnv, got {type(env).__name__} "
             f"(missing {', '.join(missing)}). Create one with gymnasium.make(...) or gymnasium.make_vec(...)."
         )
+
+
+#: the fix for an env written for gym < 0.26, named wherever such an env is caught
+_OLD_GYM_FIX = "Port it to gymnasium, or wrap it with shimmy's GymV21CompatibilityV0."
+# the TypeError of calling an old gym env's reset(seed=...), directly or through a wrapper (also as an
+# AsyncVectorEnv re-raises it from its worker): other TypeErrors of a reset are the env's own and pass unchanged
+_SEED_KEYWORD_ERROR = re.compile(r"reset\(\) (got an unexpected keyword argument 'seed'|takes no keyword arguments)")
+
+
+def _takes_seed(reset: Any) -> bool:
+    """Whether ``reset`` accepts ``seed=`` (a ``seed`` parameter or ``**kwargs``); ``True`` when it cannot be told."""
+    try:
+        parameters = inspect.signature(reset).parameters.values()
+    except (TypeError, ValueError):  # a builtin or an object inspect cannot read: left to the reset itself
+        return True
+    return any(p.name == "seed" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def _old_gym_layer(env: Any) -> Any:
+    """The first layer of ``env`` whose ``reset`` takes no ``seed`` keyword, else ``None``.
+
+    Follows the wrappers (``.env``) down to the innermost env, and the sub-envs of a vector env that holds
+    them (``.envs`` of a ``SyncVectorEnv``): a gymnasium wrapper around a gym 0.21 env takes ``seed`` itself
+    and fails only when it hands it on.
+    """
+    layers: list[Any] = [env]
+    seen: set[int] = set()
+    while layers and len(seen) < 256:
+        layer = layers.pop()
+        if layer is None or id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        reset = _attribute(layer, "reset")
+        if callable(reset) and not _takes_seed(reset):
+            return layer
+        subs = _attribute(layer, "envs")
+        if isinstance(subs, (list, tuple)):
+            layers.extend(reversed(subs))
+        layers.append(_attribute(layer, "env"))
+    return None
+
+
+def _attribute(obj: Any, name: str) -> Any:
+    """``obj.name``, or ``None`` when it is missing or reading it raises (a property of the user's env)."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:  # noqa: BLE001 - the check only looks; a broken attribute is the env's to report
+        return None
+
+
+def _check_reset_api(env: Any) -> None:
+    """Raise ``TypeError`` naming the fix if ``env`` (or a layer or sub-env of it) has an old gym ``reset()``."""
+    old = _old_gym_layer(env)
+    if old is None:
+        return
+    where = "" if old is env else f" (inside {type(env).__name__})"
+    raise TypeError(
+        f"{type(old).__name__}.reset(){where} takes no seed keyword: this env uses the old gym API (gym < 0.26: "
+        "reset() -> obs, step() -> (obs, reward, done, info)), not gymnasium's (reset(*, seed=None, options=None) "
+        f"-> (obs, info)). {_OLD_GYM_FIX}"
+    )
 
 
 def _autoreset_mode_of(env: Any, override: str | None) -> str:
@@ -242,6 +305,7 @@ class ExperienceSource:
     ) -> None:
         env = as_vector_env(env)  # an EnvPool pool: seeded resets, async mode refused (ptl_rl/envpool.py)
         _check_env_api(env)
+        _check_reset_api(env)  # a gym 0.21 env: refused now, not at the first next()
         if not callable(agent):
             raise TypeError(f"agent must be callable as agent(obs) -> actions, got {type(agent).__name__}")
         if not 0.0 < gamma <= 1.0:
@@ -455,15 +519,26 @@ class ExperienceSource:
         # a cut in every env's stream: downstream stages must not join steps across it
         self.stream_seq += 1
         seeds = self._reset_seeds()
-        if self.is_vector:
-            self._finish_pending_async_call()
-            result = self.env.reset(seed=seeds)
-        else:
-            result = self.env.reset(seed=None if seeds is None else seeds[0])
+        try:
+            if self.is_vector:
+                self._finish_pending_async_call()
+                result = self.env.reset(seed=seeds)
+            else:
+                result = self.env.reset(seed=None if seeds is None else seeds[0])
+        except TypeError as exc:
+            # an old gym env the construction check could not see (hidden in a wrapper of the user's, or in an
+            # AsyncVectorEnv's workers); any other TypeError is the env's own
+            if not _SEED_KEYWORD_ERROR.search(str(exc)):
+                raise
+            raise TypeError(
+                f"env.reset(seed=...) failed: {exc}. This env (or a sub-env, or an env inside a wrapper) uses the "
+                "old gym API (gym < 0.26: reset() -> obs, step() -> (obs, reward, done, info)), whose reset() takes "
+                f"no seed. {_OLD_GYM_FIX}"
+            ) from exc
         if not (isinstance(result, tuple) and len(result) == 2):
             raise TypeError(
                 "env.reset() must return (obs, info) as in gymnasium>=0.26; this env uses the old gym API. "
-                "Port it to gymnasium, or wrap it with shimmy's GymV21CompatibilityV0."
+                f"{_OLD_GYM_FIX}"
             )
         obs = result[0]
         self._obs = self._own_obs(obs)
