@@ -32,10 +32,38 @@ from ptl_rl.video import VIDEO_FORMATS, VIDEO_INSTALL, missing_video_packages, q
 #: how to get TensorBoard logs, named wherever the examples say they are off
 TENSORBOARD_INSTALL = 'pip install -c constraints.txt -e ".[examples]" (or pip install tensorboard)'
 
+#: how to get ALE's Atari envs, named wherever an Atari env id is refused for want of them
+ATARI_INSTALL = (
+    'pip install -c constraints.txt -e ".[atari]" (ale-py, which ships the ROMs, and opencv-python-headless)'
+)
+
+#: ALE's games (ale_py.roms.get_all_rom_ids() in lowercase, without underscores), so that an Atari id is told
+#: apart from a typo without ale-py installed: ALE/Pong-v5, Pong-v4, PongNoFrameskip-v4, Breakout-ram-v4 ...
+ATARI_GAMES = frozenset(
+    """adventure airraid alien amidar assault asterix asteroids atlantis atlantis2 backgammon bankheist basicmath
+    battlezone beamrider berzerk blackjack bowling boxing breakout carnival casino centipede choppercommand combat
+    crazyclimber crossbow darkchambers defender demonattack donkeykong doubledunk earthworld elevatoraction enduro
+    entombed et fishingderby flagcapture freeway frogger frostbite galaxian gopher gravitar hangman hauntedhouse hero
+    humancannonball icehockey jamesbond journeyescape joust kaboom kangaroo keystonekapers kingkong klax koolaid krull
+    kungfumaster lasergates lostluggage mariobros mazecraze miniaturegolf montezumarevenge mrdo mspacman namethisgame
+    othello pacman phoenix pitfall pitfall2 pong pooyan privateeye qbert riverraid roadrunner robotank seaquest
+    sirlancelot skiing solaris spaceinvaders spacewar stargunner superman surround tennis tetris tictactoe3d timepilot
+    trondead turmoil tutankham upndown venture videocheckers videochess videocube videopinball warlords wizardofwor
+    wordzapper yarsrevenge zaxxon""".split()
+)
+
 #: flags of the off-policy examples' burst training that other flags are checked against
 BURST_HELP = (
     "burst training as SB3's train_freq/gradient_steps: every --train-freq env steps (all sub-envs together; "
     "one vector step brings --num-envs of them), take --gradient-steps gradient steps"
+)
+
+
+#: the ``--env-steps`` help of the on-policy examples (PPO, recurrent PPO, A2C), which train on whole rollouts
+ROLLOUT_BUDGET_HELP = (
+    "budget of env steps (all sub-envs together), rounded up to whole rollouts: ceil(env-steps / (num-envs x "
+    "steps-per-env)) rollouts, each trained in full, so the run ends at a rollout boundary; the summary reports the "
+    "env steps taken (a rollout also keeps the extra steps of the sub-envs ahead of one that reset)"
 )
 
 
@@ -46,7 +74,13 @@ class ExampleParser(argparse.ArgumentParser):
 
 
 def example_parser(
-    name: str, doc: str, *, default_env: str, default_env_steps: int = 0, online: bool = True
+    name: str,
+    doc: str,
+    *,
+    default_env: str,
+    default_env_steps: int = 0,
+    online: bool = True,
+    budget_help: str = "budget of env steps (all sub-envs together)",
 ) -> ExampleParser:
     """A parser whose usage line says ``python -m ptl_rl.examples.<name>``, with the flags every example shares.
 
@@ -56,7 +90,8 @@ def example_parser(
     Defaults that differ per example are changed with ``parser.set_defaults``
     after the call. ``online=False`` (training from a dataset) leaves out the
     env-step budget, the sub-envs, the periodic evaluation and the videos: the
-    env is only played in the final evaluation.
+    env is only played in the final evaluation. ``budget_help`` is the help of
+    ``--env-steps`` (:data:`ROLLOUT_BUDGET_HELP` for the on-policy examples).
     """
     parser = ExampleParser(
         prog=f"python -m ptl_rl.examples.{name}",
@@ -66,9 +101,7 @@ def example_parser(
     run = parser.add_argument_group("run")
     run.add_argument("--env-id", default=default_env, help="gymnasium env id ('module:Id' imports module first)")
     if online:
-        run.add_argument(
-            "--env-steps", type=int, default=default_env_steps, help="budget of env steps (all sub-envs together)"
-        )
+        run.add_argument("--env-steps", type=int, default=default_env_steps, help=budget_help)
     run.add_argument("--seed", type=int, default=0, help="seeds torch, numpy, the envs and the samplers")
     if online:
         run.add_argument("--num-envs", type=int, default=1, help="sub-envs of the training vector env")
@@ -304,7 +337,11 @@ def check_env(
 
 
 def _check_registered(parser: argparse.ArgumentParser, env_id: str) -> None:
-    """``parser.error`` unless ``env_id`` (optionally ``module:id``) is in gymnasium's registry."""
+    """``parser.error`` unless ``env_id`` (optionally ``module:id``) is in gymnasium's registry.
+
+    An Atari id (``ALE/*``, or an id naming one of ALE's games) registers ALE's envs first when ale-py is
+    installed, and else names the ``atari`` extra that installs it.
+    """
     module, _, name = env_id.rpartition(":")
     if module:  # "module:Env-v0": gymnasium imports the module, which registers the env
         try:
@@ -313,11 +350,96 @@ def _check_registered(parser: argparse.ArgumentParser, env_id: str) -> None:
             parser.error(f"--env-id {env_id}: cannot import {module!r} to register it ({error}); install it")
     if name in registry:
         return
-    close = difflib.get_close_matches(name, list(registry), n=3, cutoff=0.6)
+    game = atari_game(name)
+    if game is not None:
+        if not register_ale():
+            known = game.replace("_", "").lower() in ATARI_GAMES
+            what = f"{game} is an Atari game" if known else "ALE/* ids are Atari games"
+            ids = f" (ALE/{game}-v5, {game}NoFrameskip-v4, ...)" if known else ""
+            parser.error(
+                f"--env-id {env_id}: {what}; gymnasium has ALE's Atari envs{ids} only with ale-py, which is not "
+                f"installed here. Install the atari extra: {ATARI_INSTALL}"
+            )
+        if name in registry:
+            return
+    close = similar_env_ids(name)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     parser.error(
         f"--env-id {env_id}: no such gymnasium env{hint} (gymnasium.pprint_registry() lists the registered ids)"
     )
+
+
+def _split_id(env_id: str) -> tuple[str, str]:
+    """``"ALE/Pong-v5"`` -> ``("Pong", "v5")``: the name without its namespace, and the version (``""`` if none)."""
+    name = env_id.rpartition("/")[2]
+    found = re.fullmatch(r"(.*?)-(v\d+)", name)
+    return (found[1], found[2]) if found else (name, "")
+
+
+def atari_game(env_id: str) -> str | None:
+    """The game of an Atari env id as written there (``Pong`` for ``ALE/Pong-v5``, ``PongNoFrameskip-v4``,
+    ``pong-ram-v4``), or ``None`` when ``env_id`` is no Atari id.
+
+    An ``ALE/*`` id is one; so is an id whose name, less ALE's ``-ram``, ``NoFrameskip`` and ``Deterministic``
+    suffixes, is one of :data:`ATARI_GAMES` (case and underscores aside), unless gymnasium registers an env
+    of that very name without ALE (``Blackjack-v1``: ``Blackjack-v2`` is a typo of it).
+    """
+    name = _split_id(env_id)[0]
+    game = re.sub(r"(-ram)?(noframeskip|deterministic)?$", "", name, flags=re.IGNORECASE)
+    if env_id.startswith("ALE/"):
+        return game
+    if game.replace("_", "").lower() not in ATARI_GAMES:
+        return None
+    own = name.lower()
+    if any(_split_id(other)[0].lower() == own and not _is_ale(other) for other in registry):
+        return None
+    return game
+
+
+def _is_ale(env_id: str) -> bool:
+    entry = registry[env_id].entry_point
+    return isinstance(entry, str) and entry.startswith("ale_py")
+
+
+def register_ale() -> bool:
+    """Register ALE's Atari ids (``ALE/Pong-v5``, ``PongNoFrameskip-v4``, ...) with gymnasium; ``False`` without ale-py.
+
+    ale-py (the ``atari`` extra) registers them when imported.
+    """
+    try:
+        import ale_py  # noqa: PLC0415 - only for an Atari id: importing it costs a fraction of a second
+    except ImportError:
+        return False
+    gym.register_envs(ale_py)
+    return True
+
+
+def similar_env_ids(env_id: str, n: int = 3) -> list[str]:
+    """Up to ``n`` registered ids whose names, versions aside, are close to ``env_id``'s, the closest first.
+
+    Names are compared without namespace and version, so that ``CartPol-v1`` finds ``CartPole-v1`` and
+    ``Pong-v5`` finds ``ALE/Pong-v5`` (among equally close names: the same version, then the same namespace,
+    then the newest version first), while ids that share only the version suffix (``Ant-v5`` for ``Pong-v5``)
+    are not offered.
+    """
+    name, version = _split_id(env_id)
+    by_name: dict[str, list[str]] = {}
+    for other in registry:
+        by_name.setdefault(_split_id(other)[0].lower(), []).append(other)
+    close = difflib.get_close_matches(name.lower(), list(by_name), n=n, cutoff=0.7)
+
+    namespace = env_id.rpartition("/")[0]
+
+    def rank(other: str) -> tuple[float, bool, bool, int]:
+        other_name, other_version = _split_id(other)
+        return (
+            -difflib.SequenceMatcher(None, name.lower(), other_name.lower()).ratio(),
+            other_version != version,
+            other.rpartition("/")[0] != namespace,
+            -int(other_version[1:] or 0),  # then the newest version
+        )
+
+    return sorted((other for key in close for other in by_name[key]), key=rank)[:n]
 
 
 def is_mujoco(env_id: str) -> bool:

@@ -67,18 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r = p.add_argument_group("replay placement")
     r.add_argument("--memmap-dir", default=None, help="keep the replay's frames in memory-mapped files there")
     r.add_argument("--extra-frames", type=int, default=None, help="FrameStorage pool frames beyond --buffer-size")
-    register_ale()
+    cli.register_ale()
     # Pong's best return is 21; other ALE games have their own scale and no registered threshold
     return cli.parse(p, argv, (spaces.Discrete,), "DQN", solved_returns={"ALE/Pong-v5": 20.0})[0]
-
-
-def register_ale() -> None:
-    """Register the ``ALE/*`` ids with gymnasium when ale-py is installed (the ``atari`` extra)."""
-    try:
-        import ale_py
-    except ImportError:
-        return
-    gym.register_envs(ale_py)
 
 
 if __name__ == "__main__":
