@@ -36,7 +36,9 @@ from ptl_rl.examples import cli
 
 # ---------------------------------------------------------------------------- arguments
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = cli.example_parser("a2c", __doc__, default_env="CartPole-v1", default_env_steps=500_000)
+    p = cli.example_parser(
+        "a2c", __doc__, default_env="CartPole-v1", default_env_steps=500_000, budget_help=cli.ROLLOUT_BUDGET_HELP
+    )
     p.set_defaults(num_envs=8, grad_clip=0.5)
     a = p.add_argument_group("A2C")
     a.add_argument("--steps-per-env", type=int, default=5, help="transitions per sub-env per rollout (the n)")
@@ -168,6 +170,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             make_env=lambda n: make_env(args.env_id, n),
             greedy_agent=lambda module: greedy_agent(module.actor, env),
             config={"obs_dim": obs_dim, "action_space": str(env.single_action_space)},
+            max_rollouts=harness.rollouts_for(args.env_steps, args.num_envs, args.steps_per_env),  # rounded up
         )
     )
 

@@ -56,6 +56,14 @@ class Experiment(Generic[ModuleT]):
         log_every: batches between logged episode statistics (default ``args.log_every``).
         make_video_env: ``() -> env`` rendering ``rgb_array`` frames, for ``--video-every`` (default:
             ``gym.make(args.env_id, render_mode="rgb_array")``; an example whose envs have wrappers passes its own).
+        max_rollouts: an on-policy example's budget in whole rollouts (:func:`rollouts_for`: ``--env-steps``
+            rounded up), its pipeline a ``RolloutBuffer``. The run then ends at a rollout boundary, every rollout
+            it collected trained on for all its batches (PPO: ``--update-epochs x --num-minibatches``):
+            :class:`RolloutLimit` stops it after the last batch of the last rollout, instead of an
+            ``EnvStepLimit``, which fires as the last rollout is collected, after its first batch; the periodic
+            evaluation, with its stop on a confirmed target, is due only after a rollout's last batch. The
+            summary adds ``rollouts``, ``env_steps_budget`` and ``env_steps_per_rollout``. (``--time-limit``
+            and Ctrl-C still stop where they are.)
     """
 
     algo: str
@@ -70,6 +78,36 @@ class Experiment(Generic[ModuleT]):
     extra_summary: Callable[[], dict[str, Any]] | None = None
     log_every: int | None = None
     make_video_env: Callable[[], Any] | None = None
+    max_rollouts: int | None = None
+
+
+def rollouts_for(env_steps: int, num_envs: int, steps_per_env: int) -> int:
+    """The rollouts an ``env_steps`` budget buys: ``ceil(env_steps / (num_envs * steps_per_env))``, at least one.
+
+    The on-policy examples' rule (their ``--env-steps`` help, :data:`~ptl_rl.examples.cli.ROLLOUT_BUDGET_HELP`):
+    the budget is rounded up to whole rollouts, each trained in full, as SB3's ``learn`` collects rollouts
+    until the budget is reached.
+    """
+    return max(1, -(-int(env_steps) // (int(num_envs) * int(steps_per_env))))
+
+
+class RolloutLimit(pl.Callback):
+    """Stops training after the last batch of the ``max_rollouts``-th rollout of ``rollout`` (a ``RolloutBuffer``).
+
+    ``rollout.batches_per_rollout`` training batches come from each rollout, so the run ends at a rollout
+    boundary with every rollout collected trained in full.
+    """
+
+    def __init__(self, rollout: Any, max_rollouts: int) -> None:
+        super().__init__()
+        self.rollout = rollout
+        self.max_batches = int(max_rollouts) * int(rollout.batches_per_rollout)
+        self.batches = 0
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        self.batches += 1
+        if self.batches >= self.max_batches:
+            trainer.should_stop = True
 
 
 class ConfirmedEvaluation(ptl_rl.PeriodicEvaluation):
@@ -82,7 +120,10 @@ class ConfirmedEvaluation(ptl_rl.PeriodicEvaluation):
     the target too does training stop. A failed confirmation keeps training: a
     policy that crossed by luck of the start states (Acrobot -107.8 on fresh
     episodes after crossing -100) is not declared solved. ``confirm_episodes=0``
-    stops at the first crossing, as the parent does.
+    stops at the first crossing, as the parent does. With
+    ``batches_per_rollout=B`` an evaluation is due only after every B-th batch:
+    after a rollout's last update (on-policy examples), so a stop never cuts
+    a rollout's training short.
 
     ``history`` holds ``(env_steps, mean_return)`` of the periodic evaluations,
     ``confirmations`` those of the confirmations; ``record(env_steps, kind,
@@ -95,15 +136,19 @@ class ConfirmedEvaluation(ptl_rl.PeriodicEvaluation):
         *args: Any,
         confirm_episodes: int = 0,
         record: Callable[[int, str, np.ndarray], None] | None = None,
+        batches_per_rollout: int = 1,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.confirm_episodes = int(confirm_episodes)
         self.confirmations: list[tuple[int, float]] = []
         self.record = record
+        self.batches_per_rollout = int(batches_per_rollout)
+        self._batches = 0
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
-        if self.every <= 0:
+        self._batches += 1
+        if self.every <= 0 or self._batches % self.batches_per_rollout:
             return
         steps = self.source.total_steps
         if steps < self.next_eval:
@@ -300,6 +345,7 @@ def run(experiment: Experiment) -> dict[str, Any]:
     source = episode_source(experiment.pipeline)
     recorder = RunRecorder(experiment.pipeline, run_dir)
     env_steps = (lambda: source.total_steps) if source is not None else (lambda: 0)
+    rollout = ptl_rl.find_stage(experiment.pipeline, ptl_rl.RolloutBuffer) if experiment.max_rollouts else None
 
     def record(steps: int, kind: str, returns: np.ndarray) -> None:
         if run_dir is not None:
@@ -311,7 +357,10 @@ def run(experiment: Experiment) -> dict[str, Any]:
     callbacks: list[pl.Callback] = [recorder]
     if source is not None:
         callbacks.append(ptl_rl.EpisodeStatsLogger(experiment.pipeline, every_n_steps=log_every))
-        callbacks.append(ptl_rl.EnvStepLimit(experiment.pipeline, args.env_steps))
+        if rollout is None:
+            callbacks.append(ptl_rl.EnvStepLimit(experiment.pipeline, args.env_steps))
+        else:  # the budget in whole rollouts, each trained in full
+            callbacks.append(RolloutLimit(rollout, experiment.max_rollouts or 0))
     if eval_env is not None:
         evaluation = ConfirmedEvaluation(
             experiment.pipeline,
@@ -323,6 +372,7 @@ def run(experiment: Experiment) -> dict[str, Any]:
             seed=args.seed + EVAL_SEED,
             confirm_episodes=args.confirm_episodes,
             record=record,
+            batches_per_rollout=1 if rollout is None else rollout.batches_per_rollout,
         )
         callbacks.append(evaluation)
     video = video_callback(experiment, run_dir) if source is not None else None
@@ -373,6 +423,10 @@ def run(experiment: Experiment) -> dict[str, Any]:
         # [{"env_steps", "paths", "returns", "lengths"}] of each recording (--video-every)
         "videos": [] if video is None else list(video.recordings),
     }
+    if rollout is not None:  # env_steps above: those taken, in whole rollouts
+        summary["rollouts"] = rollout.rollouts_collected
+        summary["env_steps_budget"] = args.env_steps
+        summary["env_steps_per_rollout"] = rollout.num_envs * rollout.steps_per_env
     if experiment.extra_summary is not None:
         summary.update(experiment.extra_summary())
     if run_dir is not None:
@@ -433,10 +487,16 @@ def report(summary: dict[str, Any]) -> str:
     solved = summary["solved_at_env_steps"]
     reached = f"solved at {solved} env steps" if solved is not None else f"stopped: {summary['stopped']}"
     where = f"; run directory {summary['run_dir']}" if summary["run_dir"] else ""
+    steps = f"{summary['env_steps']} env steps"
+    if "env_steps_per_rollout" in summary:  # an on-policy run: whole rollouts, the budget rounded up to them
+        steps += f" in {summary['rollouts']} whole rollouts"
+        if summary["stopped"] == "env-step budget":
+            budget, size = summary["env_steps_budget"], summary["env_steps_per_rollout"]
+            steps += f" (--env-steps {budget} rounded up to rollouts of {size})"
     return (
         f"{summary['env_id']} seed {summary['seed']}: {reached}; final greedy return "
         f"{summary['final_eval_return']:.1f} over {summary['final_eval_episodes']} fresh episodes; "
-        f"{summary['env_steps']} env steps, {summary['gradient_steps']} gradient steps, "
+        f"{steps}, {summary['gradient_steps']} gradient steps, "
         f"{summary['wall_time_s']:.1f} s{where}"
     )
 

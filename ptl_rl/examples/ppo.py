@@ -21,7 +21,8 @@ Read it top to bottom, CleanRL style:
    ``RolloutBuffer`` yields ``--update-epochs x --num-minibatches`` minibatches
    of it, then collects the next rollout with the updated weights. The
    learning rate (and, with ``--anneal-clip``, the clip range) anneal linearly
-   per rollout.
+   per rollout. ``--env-steps`` is rounded up to whole rollouts: every rollout
+   collected gets all its updates, and the run ends at a rollout boundary.
 4. ``train``: builds the vector env, the ``ActorCriticAgent`` and the pipeline
    ``ExperienceSource [-> NormalizeObservations -> ScaleRewards] -> RolloutBuffer``
    and hands them to
@@ -55,7 +56,9 @@ MUJOCO_RECIPE: dict[str, Any] = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = cli.example_parser("ppo", __doc__, default_env="CartPole-v1", default_env_steps=100_000)
+    p = cli.example_parser(
+        "ppo", __doc__, default_env="CartPole-v1", default_env_steps=100_000, budget_help=cli.ROLLOUT_BUDGET_HELP
+    )
     p.set_defaults(num_envs=8, grad_clip=0.5)
     a = p.add_argument_group("PPO")
     a.add_argument(
@@ -253,7 +256,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     harness.set_up(args)
     env = make_env(args.env_id, args.num_envs)
     obs_dim = harness.flat_size(env.single_observation_space)
-    num_rollouts = max(1, args.env_steps // (args.num_envs * args.steps_per_env))
+    num_rollouts = harness.rollouts_for(args.env_steps, args.num_envs, args.steps_per_env)  # rounded up
     model = PPO(obs_dim, env.single_action_space, args, num_rollouts)
 
     # ExperienceSource [-> NormalizeObservations -> ScaleRewards] -> RolloutBuffer: T steps per env, GAE, K epochs
@@ -299,8 +302,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 "batch_size": args.num_envs * args.steps_per_env // args.num_minibatches,
                 "anneal_schedule": f"{anneal} linear to 0 over {num_rollouts} rollouts" if args.anneal else None,
             },
-            extra_summary=lambda: {"rollouts": rollout.rollouts_collected},
             log_every=rollout.batches_per_rollout,  # once per rollout
+            max_rollouts=num_rollouts,  # the run ends after the last update of the last rollout
         )
     )
 

@@ -47,7 +47,9 @@ from ptl_rl.examples.partial_obs import ENV_ID  # registers CartPoleNoVelocity-v
 
 # ---------------------------------------------------------------------------- arguments
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = cli.example_parser("recurrent_ppo", __doc__, default_env=ENV_ID, default_env_steps=100_000)
+    p = cli.example_parser(
+        "recurrent_ppo", __doc__, default_env=ENV_ID, default_env_steps=100_000, budget_help=cli.ROLLOUT_BUDGET_HELP
+    )
     p.set_defaults(num_envs=8, grad_clip=0.5, eval_every=5_000, final_eval_episodes=20)
     a = p.add_argument_group("recurrent PPO")
     a.add_argument("--core", choices=("lstm", "gru", "mlp"), default="lstm", help="recurrent cell (mlp: no memory)")
@@ -252,7 +254,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     assert isinstance(obs_space, spaces.Box)
     # the observation space's finite bounds scale the inputs (CartPole: position 4.8, angle 0.418 rad)
     obs_bound = [float(h) if np.isfinite(h) and h > 0 else 1.0 for h in obs_space.high.reshape(-1)]
-    num_rollouts = max(1, args.env_steps // (args.num_envs * args.steps_per_env))
+    num_rollouts = harness.rollouts_for(args.env_steps, args.num_envs, args.steps_per_env)  # rounded up
     model = RecurrentPPO(obs_bound, action_space, args, num_rollouts)
 
     # ExperienceSource (one hidden state per sub-env, stored per step as `hidden`) -> RolloutBuffer (GAE, sequences)
@@ -283,8 +285,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 "parameters": sum(p.numel() for p in model.net.parameters()),
                 "anneal_schedule": f"lr and clip linear to 0 over {num_rollouts} rollouts" if args.anneal else None,
             },
-            extra_summary=lambda: {"rollouts": rollout.rollouts_collected},
             log_every=rollout.batches_per_rollout,
+            max_rollouts=num_rollouts,  # the run ends after the last update of the last rollout
         )
     )
 
