@@ -6,7 +6,7 @@ from setuptools import Extension, setup
 # the module needs only the CPython C API (no numpy headers), so nothing but setuptools and a compiler.
 setup(
     ext_modules=[
-        Extension("ptl_rl.buffers._frame_insert", ["ptl_rl/buffers/_frame_insert.c"], optional=True),
-        Extension("ptl_rl.buffers._sumtree_kernel", ["ptl_rl/buffers/_sumtree_kernel.c"], optional=True),
+        Extension("ptl_rl.replay._frame_insert", ["ptl_rl/replay/_frame_insert.c"], optional=True),
+        Extension("ptl_rl.replay._sumtree_kernel", ["ptl_rl/replay/_sumtree_kernel.c"], optional=True),
     ]
 )

@@ -44,13 +44,13 @@ SDIST_NEEDS = {
     "LICENSE",
     "PKG-INFO",
     "ptl_rl/py.typed",
-    "ptl_rl/buffers/_frame_insert.c",
-    "ptl_rl/buffers/_sumtree_kernel.c",
+    "ptl_rl/replay/_frame_insert.c",
+    "ptl_rl/replay/_sumtree_kernel.c",
 }
 #: build outputs and caches that must be in no package
 JUNK = ("*.so", "*.pyc", "*.pyo", "*.o", "__pycache__", ".*")
 #: the optional compiled modules (setup.py): each once in a compiled wheel, none in a fallback one
-EXTENSIONS = ("ptl_rl/buffers/_frame_insert.*.so", "ptl_rl/buffers/_sumtree_kernel.*.so")
+EXTENSIONS = ("ptl_rl/replay/_frame_insert.*.so", "ptl_rl/replay/_sumtree_kernel.*.so")
 
 
 def fail(problems: list[str], what: str) -> None:

@@ -79,11 +79,11 @@ def check_insert(expect: str) -> None:
     import numpy as np  # noqa: PLC0415
 
     from ptl_rl import FrameStorage  # noqa: PLC0415
-    from ptl_rl.buffers import frames  # noqa: PLC0415
+    from ptl_rl.replay import frames  # noqa: PLC0415
 
     venv_module = getattr(frames._frame_insert, "__file__", None)
     if expect == "compiled" and not (frames.COMPILED_INSERT and venv_module):
-        fail("the compiled insert ptl_rl.buffers._frame_insert is not importable from the installed wheel")
+        fail("the compiled insert ptl_rl.replay._frame_insert is not importable from the installed wheel")
     if expect == "fallback" and (frames._frame_insert is not None or frames.COMPILED_INSERT):
         fail(f"the fallback wheel has a compiled insert ({venv_module}): it was meant to be built without a compiler")
 
@@ -126,7 +126,7 @@ def check_sum_tree(expect: str) -> None:
     import numpy as np  # noqa: PLC0415
 
     from ptl_rl import SumTree  # noqa: PLC0415
-    from ptl_rl.buffers import sumtree  # noqa: PLC0415
+    from ptl_rl.replay import sumtree  # noqa: PLC0415
 
     module = getattr(sumtree._sumtree_kernel, "__file__", None)
     if (expect == "compiled") != (module is not None):

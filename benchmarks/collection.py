@@ -116,7 +116,7 @@ def accounting_us(repeats: int = 20_000) -> float:
     ``perf_counter_ns`` reads and one ``StageClock.add``, plus two ``len(batch)``.
     A deterministic bound next to the on/off comparison, which the machine's noise can swamp.
     """
-    from ptl_rl.profiling import SWITCH, StageClock, perf_counter_ns  # noqa: PLC0415
+    from ptl_rl.core.profiling import SWITCH, StageClock, perf_counter_ns  # noqa: PLC0415
 
     clocks = [StageClock(str(i), "items") for i in range(4)]
     batch = ptl_rl.TransitionBatch(obs=np.zeros((8, 4), np.float32))

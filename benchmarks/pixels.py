@@ -51,7 +51,7 @@ import torch
 
 import ptl_rl
 from ptl_rl import FrameStorage, NStepTransform, ReplayBuffer, TransitionBatch
-from ptl_rl.buffers.frames import COMPILED_INSERT
+from ptl_rl.replay.frames import COMPILED_INSERT
 
 NUM_ENVS, STACK, SIDE, N_STEP, GAMMA, BATCH = 8, 4, 84, 3, 0.99, 256
 FRAME_BYTES = SIDE * SIDE

@@ -29,7 +29,7 @@ workers.
 
 ``envpool``: env steps/s of CartPole through ``ExperienceSource`` (random
 actions) with gymnasium's ``SyncVectorEnv`` and with EnvPool (through
-``ptl_rl.envpool.EnvPoolVectorEnv``) at 8 and 64 sub-envs, next to the limit:
+``ptl_rl.envs.envpool.EnvPoolVectorEnv``) at 8 and 64 sub-envs, next to the limit:
 the same EnvPool pool stepped in a bare loop with the same actions. The
 three run interleaved, several repeats, median.
 
@@ -378,7 +378,7 @@ def bench_ingest(args: argparse.Namespace) -> None:
 def bench_envpool(args: argparse.Namespace) -> None:
     import envpool  # noqa: PLC0415
 
-    from ptl_rl.envpool import EnvPoolVectorEnv  # noqa: PLC0415
+    from ptl_rl.envs.envpool import EnvPoolVectorEnv  # noqa: PLC0415
 
     def random_agent(n: int) -> Any:
         rng = np.random.default_rng(0)

@@ -64,9 +64,9 @@ nitpick_ignore_regex = [(r"py:.*", r"(?!ptl_rl\b).*"), (r"py:mod", r".*")]
 # Internal helpers that docstrings name for the curious reader but that are not part of the API.
 nitpick_ignore = [
     ("py:class", "ptl_rl.distributed.common.StalenessTracker"),
-    ("py:func", "ptl_rl.buffers.persist.save_directory"),
+    ("py:func", "ptl_rl.replay.persist.save_directory"),
     # type variables: a signature's placeholder (find_stage returns an instance of the class it is given), no object
-    ("py:class", "ptl_rl.stages.StageT"),
+    ("py:class", "ptl_rl.core.chain.StageT"),
 ]
 
 
@@ -140,7 +140,7 @@ def _skip_foreign_docstrings(app, what, name, obj, skip, options):  # noqa: ANN0
 
 
 # -- Cross-references by the name a module uses --------------------------------------------------------------------
-# Docstrings refer to objects by their defining module (``ptl_rl.buffers.replay.ReplayBuffer``, ``~ptl_rl.batch.
+# Docstrings refer to objects by their defining module (``ptl_rl.replay.buffer.ReplayBuffer``, ``~ptl_rl.core.batch.
 # TransitionBatch``), but the site documents each once, under the name users import (``ptl_rl.ReplayBuffer``). A
 # reference that finds nothing is resolved to the documented object whose name ends the same way.
 
@@ -157,7 +157,7 @@ def _resolve_by_suffix(app, env, node, contnode):  # noqa: ANN001, ANN201 - Sphi
     for start in range(1, len(parts)):
         if not parts[start - 1].islower():
             break  # drop module names only: "ptl_rl.x.Unknown.state_dict" must not become "state_dict"
-        for prefix in ("ptl_rl.", "ptl_rl.buffers.", "ptl_rl.distributed.", "ptl_rl.protocols."):
+        for prefix in ("ptl_rl.", "ptl_rl.replay.", "ptl_rl.distributed.", "ptl_rl.core.protocols."):
             entry = objects.get(prefix + ".".join(parts[start:]))
             if entry is not None:
                 return make_refnode(app.builder, node["refdoc"], entry.docname, entry.node_id, contnode)
@@ -170,10 +170,10 @@ def _resolve_by_suffix(app, env, node, contnode):  # noqa: ANN001, ANN201 - Sphi
 
 
 def _public_names() -> set[int]:
-    import ptl_rl.buffers
+    import ptl_rl.replay
     import ptl_rl.distributed
 
-    return {id(getattr(m, n)) for m in (ptl_rl, ptl_rl.buffers, ptl_rl.distributed) for n in m.__all__}
+    return {id(getattr(m, n)) for m in (ptl_rl, ptl_rl.replay, ptl_rl.distributed) for n in m.__all__}
 
 
 def _public_bases(app, name, obj, options, bases):  # noqa: ANN001, ANN201 - Sphinx event signature

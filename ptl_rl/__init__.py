@@ -18,35 +18,35 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _PUBLIC_API: dict[str, str] = {
-    "ActorCriticAgent": "ptl_rl.agents",
-    "DeterministicActorAgent": "ptl_rl.agents",
-    "DQNAgent": "ptl_rl.agents",
-    "PolicyAgent": "ptl_rl.agents",
-    "StochasticPolicyAgent": "ptl_rl.agents",
-    "TargetNet": "ptl_rl.agents",
-    "obs_to_tensor": "ptl_rl.agents",
-    "check_version": "ptl_rl._state",
-    "versioned": "ptl_rl._state",
-    "BOLTS_FIELDS": "ptl_rl.batch",
-    "CORE_FIELDS": "ptl_rl.batch",
-    "TorchBatch": "ptl_rl.batch",
-    "TransitionBatch": "ptl_rl.batch",
-    "ArrayStorage": "ptl_rl.buffers",
-    "FrameStorage": "ptl_rl.buffers",
-    "HERReplayBuffer": "ptl_rl.buffers",
-    "MemmapStorage": "ptl_rl.buffers",
-    "PrioritizedReplayBuffer": "ptl_rl.buffers",
-    "ReplayBuffer": "ptl_rl.buffers",
-    "RolloutBuffer": "ptl_rl.buffers",
-    "SequenceReplayBuffer": "ptl_rl.buffers",
-    "SumTree": "ptl_rl.buffers",
-    "ActionRescaler": "ptl_rl.distributions",
-    "action_head": "ptl_rl.distributions",
+    "ActorCriticAgent": "ptl_rl.agents.policies",
+    "DeterministicActorAgent": "ptl_rl.agents.policies",
+    "DQNAgent": "ptl_rl.agents.policies",
+    "PolicyAgent": "ptl_rl.agents.policies",
+    "StochasticPolicyAgent": "ptl_rl.agents.policies",
+    "TargetNet": "ptl_rl.agents.policies",
+    "obs_to_tensor": "ptl_rl.agents.policies",
+    "check_version": "ptl_rl.core.versions",
+    "versioned": "ptl_rl.core.versions",
+    "BOLTS_FIELDS": "ptl_rl.core.batch",
+    "CORE_FIELDS": "ptl_rl.core.batch",
+    "TorchBatch": "ptl_rl.core.batch",
+    "TransitionBatch": "ptl_rl.core.batch",
+    "ArrayStorage": "ptl_rl.replay",
+    "FrameStorage": "ptl_rl.replay",
+    "HERReplayBuffer": "ptl_rl.replay",
+    "MemmapStorage": "ptl_rl.replay",
+    "PrioritizedReplayBuffer": "ptl_rl.replay",
+    "ReplayBuffer": "ptl_rl.replay",
+    "RolloutBuffer": "ptl_rl.replay",
+    "SequenceReplayBuffer": "ptl_rl.replay",
+    "SumTree": "ptl_rl.replay",
+    "ActionRescaler": "ptl_rl.agents.distributions",
+    "action_head": "ptl_rl.agents.distributions",
     "EvaluationDataset": "ptl_rl.evaluation",
     "evaluate": "ptl_rl.evaluation",
     "evaluation_dataloader": "ptl_rl.evaluation",
     "run_episodes": "ptl_rl.evaluation",
-    "compute_gae": "ptl_rl.gae",
+    "compute_gae": "ptl_rl.replay.gae",
     "BatchGroup": "ptl_rl.lightning",
     "CHECKPOINT_KEY": "ptl_rl.lightning",
     "EnvStepLimit": "ptl_rl.lightning",
@@ -60,44 +60,44 @@ _PUBLIC_API: dict[str, str] = {
     "PipelineProfiler": "ptl_rl.lightning",
     "RLDataModule": "ptl_rl.lightning",
     "to_dataloader": "ptl_rl.lightning",
-    "NStepTransform": "ptl_rl.nstep",
-    "NormalizationModule": "ptl_rl.normalization",
-    "NormalizeObservations": "ptl_rl.normalization",
-    "NormalizeSampledObservations": "ptl_rl.normalization",
-    "NormalizedAgent": "ptl_rl.normalization",
-    "ObservationNormalizer": "ptl_rl.normalization",
-    "ScaleRewards": "ptl_rl.normalization",
-    "MinariRecorder": "ptl_rl.offline",
-    "MinariSource": "ptl_rl.offline",
-    "minari_replay_buffer": "ptl_rl.offline",
-    "open_minari_dataset": "ptl_rl.offline",
-    "PipelineProfile": "ptl_rl.profiling",
-    "profile": "ptl_rl.profiling",
-    "set_profiling": "ptl_rl.profiling",
-    "assign_rank": "ptl_rl.ranks",
-    "rank_seed": "ptl_rl.ranks",
-    "BatchSampler": "ptl_rl.sampler",
-    "LinearSchedule": "ptl_rl.schedules",
-    "ArgmaxSelector": "ptl_rl.selectors",
-    "EpsilonGreedySelector": "ptl_rl.selectors",
-    "Episode": "ptl_rl.source",
-    "ExperienceSource": "ptl_rl.source",
-    "find_stage": "ptl_rl.stages",
+    "NStepTransform": "ptl_rl.stages.nstep",
+    "NormalizationModule": "ptl_rl.stages.normalize",
+    "NormalizeObservations": "ptl_rl.stages.normalize",
+    "NormalizeSampledObservations": "ptl_rl.stages.normalize",
+    "NormalizedAgent": "ptl_rl.stages.normalize",
+    "ObservationNormalizer": "ptl_rl.stages.normalize",
+    "ScaleRewards": "ptl_rl.stages.normalize",
+    "MinariRecorder": "ptl_rl.offline.datasets",
+    "MinariSource": "ptl_rl.offline.datasets",
+    "minari_replay_buffer": "ptl_rl.offline.datasets",
+    "open_minari_dataset": "ptl_rl.offline.datasets",
+    "PipelineProfile": "ptl_rl.core.profiling",
+    "profile": "ptl_rl.core.profiling",
+    "set_profiling": "ptl_rl.core.profiling",
+    "assign_rank": "ptl_rl.core.ranks",
+    "rank_seed": "ptl_rl.core.ranks",
+    "BatchSampler": "ptl_rl.stages.sampler",
+    "LinearSchedule": "ptl_rl.core.schedules",
+    "ArgmaxSelector": "ptl_rl.agents.selectors",
+    "EpsilonGreedySelector": "ptl_rl.agents.selectors",
+    "Episode": "ptl_rl.stages.source",
+    "ExperienceSource": "ptl_rl.stages.source",
+    "find_stage": "ptl_rl.core.chain",
     "write_video": "ptl_rl.video",
     "EvaluationVideo": "ptl_rl.lightning.video_recording",
     "RecordedEpisode": "ptl_rl.lightning.video_recording",
     "record_episodes": "ptl_rl.lightning.video_recording",
-    "load_pipeline_state_dict": "ptl_rl.stages",
-    "pipeline_stages": "ptl_rl.stages",
-    "pipeline_state_dict": "ptl_rl.stages",
-    "RecurrentCore": "ptl_rl.recurrent",
-    "RecurrentDQNAgent": "ptl_rl.recurrent",
-    "RecurrentQNet": "ptl_rl.recurrent",
-    "PerEnvState": "ptl_rl.recurrent",
-    "RecurrentActorCritic": "ptl_rl.recurrent_policy",
-    "RecurrentActorCriticAgent": "ptl_rl.recurrent_policy",
-    "RecurrentActorCriticNet": "ptl_rl.recurrent_policy",
-    "sequence_nstep_targets": "ptl_rl.recurrent",
+    "load_pipeline_state_dict": "ptl_rl.core.chain",
+    "pipeline_stages": "ptl_rl.core.chain",
+    "pipeline_state_dict": "ptl_rl.core.chain",
+    "RecurrentCore": "ptl_rl.agents.recurrent",
+    "RecurrentDQNAgent": "ptl_rl.agents.recurrent",
+    "RecurrentQNet": "ptl_rl.agents.recurrent",
+    "PerEnvState": "ptl_rl.agents.recurrent",
+    "RecurrentActorCritic": "ptl_rl.agents.recurrent_policy",
+    "RecurrentActorCriticAgent": "ptl_rl.agents.recurrent_policy",
+    "RecurrentActorCriticNet": "ptl_rl.agents.recurrent_policy",
+    "sequence_nstep_targets": "ptl_rl.agents.recurrent",
 }
 
 __all__ = [
@@ -184,8 +184,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from ptl_rl._state import check_version, versioned
-    from ptl_rl.agents import (
+    from ptl_rl.core.versions import check_version, versioned
+    from ptl_rl.agents.policies import (
         ActorCriticAgent,
         DeterministicActorAgent,
         DQNAgent,
@@ -194,8 +194,8 @@ if TYPE_CHECKING:
         TargetNet,
         obs_to_tensor,
     )
-    from ptl_rl.batch import BOLTS_FIELDS, CORE_FIELDS, TorchBatch, TransitionBatch
-    from ptl_rl.buffers import (
+    from ptl_rl.core.batch import BOLTS_FIELDS, CORE_FIELDS, TorchBatch, TransitionBatch
+    from ptl_rl.replay import (
         ArrayStorage,
         FrameStorage,
         HERReplayBuffer,
@@ -206,9 +206,9 @@ if TYPE_CHECKING:
         SequenceReplayBuffer,
         SumTree,
     )
-    from ptl_rl.distributions import ActionRescaler, action_head
+    from ptl_rl.agents.distributions import ActionRescaler, action_head
     from ptl_rl.evaluation import EvaluationDataset, evaluate, evaluation_dataloader, run_episodes
-    from ptl_rl.gae import compute_gae
+    from ptl_rl.replay.gae import compute_gae
     from ptl_rl.lightning import (
         CHECKPOINT_KEY,
         BatchGroup,
@@ -225,7 +225,7 @@ if TYPE_CHECKING:
         to_dataloader,
     )
     from ptl_rl.lightning.video_recording import EvaluationVideo, RecordedEpisode, record_episodes
-    from ptl_rl.normalization import (
+    from ptl_rl.stages.normalize import (
         NormalizationModule,
         NormalizedAgent,
         NormalizeObservations,
@@ -233,17 +233,17 @@ if TYPE_CHECKING:
         ObservationNormalizer,
         ScaleRewards,
     )
-    from ptl_rl.nstep import NStepTransform
-    from ptl_rl.offline import MinariRecorder, MinariSource, minari_replay_buffer, open_minari_dataset
-    from ptl_rl.profiling import PipelineProfile, profile, set_profiling
-    from ptl_rl.ranks import assign_rank, rank_seed
-    from ptl_rl.recurrent import PerEnvState, RecurrentCore, RecurrentDQNAgent, RecurrentQNet, sequence_nstep_targets
-    from ptl_rl.recurrent_policy import RecurrentActorCritic, RecurrentActorCriticAgent, RecurrentActorCriticNet
-    from ptl_rl.sampler import BatchSampler
-    from ptl_rl.schedules import LinearSchedule
-    from ptl_rl.selectors import ArgmaxSelector, EpsilonGreedySelector
-    from ptl_rl.source import Episode, ExperienceSource
-    from ptl_rl.stages import find_stage, load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
+    from ptl_rl.stages.nstep import NStepTransform
+    from ptl_rl.offline.datasets import MinariRecorder, MinariSource, minari_replay_buffer, open_minari_dataset
+    from ptl_rl.core.profiling import PipelineProfile, profile, set_profiling
+    from ptl_rl.core.ranks import assign_rank, rank_seed
+    from ptl_rl.agents.recurrent import PerEnvState, RecurrentCore, RecurrentDQNAgent, RecurrentQNet, sequence_nstep_targets
+    from ptl_rl.agents.recurrent_policy import RecurrentActorCritic, RecurrentActorCriticAgent, RecurrentActorCriticNet
+    from ptl_rl.stages.sampler import BatchSampler
+    from ptl_rl.core.schedules import LinearSchedule
+    from ptl_rl.agents.selectors import ArgmaxSelector, EpsilonGreedySelector
+    from ptl_rl.stages.source import Episode, ExperienceSource
+    from ptl_rl.core.chain import find_stage, load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
     from ptl_rl.video import write_video
 
 
@@ -252,7 +252,7 @@ def __getattr__(name: str) -> Any:
     module = _PUBLIC_API.get(name)
     if module is not None:
         value = getattr(importlib.import_module(module), name)
-    elif not name.startswith("_"):  # a subpackage or module, as `import ptl_rl` once loaded them: ptl_rl.buffers
+    elif not name.startswith("_"):  # a subpackage or module, as `import ptl_rl` once loaded them: ptl_rl.replay
         try:
             value = importlib.import_module(f"{__name__}.{name}")
         except ModuleNotFoundError as error:

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from ptl_rl.protocols import Agent
-from ptl_rl.ranks import distributed_rank, rank_seed
-from ptl_rl.source import ExperienceSource
+from ptl_rl.core.protocols import Agent
+from ptl_rl.core.ranks import distributed_rank, rank_seed
+from ptl_rl.stages.source import ExperienceSource
 
 
 def run_episodes(env: Any, agent: Agent, episodes: int, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -5,8 +5,8 @@
     AsyncSource(factory, policy=net) -> ReplayBuffer -> BatchSampler -> to_dataloader
 
 The child process calls ``factory(WorkerInfo)`` to build its env, agent,
-:class:`~ptl_rl.source.ExperienceSource` and optional
-:class:`~ptl_rl.nstep.NStepTransform`, so nothing unpicklable crosses the
+:class:`~ptl_rl.stages.source.ExperienceSource` and optional
+:class:`~ptl_rl.stages.nstep.NStepTransform`, so nothing unpicklable crosses the
 process boundary. Batches come back through a bounded queue (pickled numpy
 arrays), weights go the other way through one shared-memory copy of the
 policy's ``state_dict`` guarded by a lock, with a version counter beside it.
@@ -31,9 +31,9 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from ptl_rl._reprs import stage_repr
-from ptl_rl._state import check_version, versioned
-from ptl_rl.batch import TransitionBatch
+from ptl_rl.core._reprs import stage_repr
+from ptl_rl.core.versions import check_version, versioned
+from ptl_rl.core.batch import TransitionBatch
 from ptl_rl.distributed.common import (
     VERSION_FIELD,
     BuiltCollector,
@@ -46,7 +46,7 @@ from ptl_rl.distributed.common import (
     worker_rank,
 )
 from ptl_rl.distributed.shm_ring import RingReader, RingWriter
-from ptl_rl.ranks import distributed_rank
+from ptl_rl.core.ranks import distributed_rank
 
 _POLL_S = 0.1  # how often a blocked side looks at the other one (stop flag, parent alive, child alive)
 
@@ -222,7 +222,7 @@ class AsyncSource(RemoteEpisodes):
             versions behind the learner's when they are taken in (``None``: keep all).
         queue_size: messages the collector may run ahead of the learner. The
             collector blocks when the queue is full, so the replay ratio set on
-            the :class:`~ptl_rl.buffers.ReplayBuffer` downstream holds exactly:
+            the :class:`~ptl_rl.replay.ReplayBuffer` downstream holds exactly:
             the learner waits for its transitions as it does in-process.
         steps_per_message: pipeline batches (vector steps) the collector joins
             into one message. Each message costs a fixed amount (pickling, a pipe
@@ -249,10 +249,10 @@ class AsyncSource(RemoteEpisodes):
         stats_window: episodes kept for :meth:`episode_stats`.
 
     Each ``next()`` returns the rows of ``steps_per_message`` batches of the
-    collector's pipeline (one :class:`~ptl_rl.batch.TransitionBatch`) with an
+    collector's pipeline (one :class:`~ptl_rl.core.batch.TransitionBatch`) with an
     extra field ``policy_version`` (int64 [B]), the version of the weights
     that chose each row's action. The stage has the episode interface of an
-    :class:`~ptl_rl.source.ExperienceSource` (``total_steps``, ``episodes_finished``, ``recent_episodes``,
+    :class:`~ptl_rl.stages.source.ExperienceSource` (``total_steps``, ``episodes_finished``, ``recent_episodes``,
     ``pop_episodes``, ``episode_stats``) and :meth:`staleness_stats`.
 
     The process starts at the first ``next()`` and stops at :meth:`close` (also

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ptl_rl.lightning._compat import Callback
-from ptl_rl.stages import pipeline_stages
+from ptl_rl.core.chain import pipeline_stages
 
 
 def find_collecting_stage(pipeline: Any) -> Any:

@@ -14,9 +14,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ptl_rl.batch import TransitionBatch
-from ptl_rl.source import Episode, ExperienceSource
-from ptl_rl.stages import pipeline_stages
+from ptl_rl.core.batch import TransitionBatch
+from ptl_rl.stages.source import Episode, ExperienceSource
+from ptl_rl.core.chain import pipeline_stages
 
 VERSION_FIELD = "policy_version"
 
@@ -66,8 +66,8 @@ class Collector(NamedTuple):
 
     Attributes:
         pipeline: the last stage of the collector's chain, an iterator of
-            :class:`~ptl_rl.batch.TransitionBatch` (an :class:`ExperienceSource`
-            or an :class:`~ptl_rl.nstep.NStepTransform` over one). It must
+            :class:`~ptl_rl.core.batch.TransitionBatch` (an :class:`ExperienceSource`
+            or an :class:`~ptl_rl.stages.nstep.NStepTransform` over one). It must
             contain an ``ExperienceSource`` (its agent is wrapped to stamp versions).
         policy: anything with ``load_state_dict`` (an ``nn.Module`` the agent
             acts with), or ``None`` when the collector never takes weights.
@@ -84,7 +84,7 @@ class VersionStampingAgent:
     """Wraps an agent so every step's extras hold ``policy_version`` (int64 [N]).
 
     The version is the one of the weights that chose the action, so after an
-    :class:`~ptl_rl.nstep.NStepTransform` (which keeps the extras of a window's
+    :class:`~ptl_rl.stages.nstep.NStepTransform` (which keeps the extras of a window's
     first step) each transition carries the version of the policy that took its
     action. Hooks of the wrapped agent (``reset_state``, ``on_env_steps``,
     ``state_dict``, ...) are forwarded.
@@ -271,7 +271,7 @@ class EpisodeCounters:
 
 
 class RemoteEpisodes:
-    """The episode interface of an :class:`~ptl_rl.source.ExperienceSource`, read from a stage's ``counters``.
+    """The episode interface of an :class:`~ptl_rl.stages.source.ExperienceSource`, read from a stage's ``counters``.
 
     A stage whose envs step elsewhere (:class:`~ptl_rl.distributed.AsyncSource`,
     :class:`~ptl_rl.distributed.RayWorkers`) keeps the counters of what it received
@@ -280,7 +280,7 @@ class RemoteEpisodes:
     """
 
     counters: EpisodeCounters
-    upstream = None  # a source stage: it pulls from no stage (ptl_rl.protocols.Stage)
+    upstream = None  # a source stage: it pulls from no stage (ptl_rl.core.protocols.Stage)
 
     @property
     def total_steps(self) -> int:

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from ptl_rl._reprs import stage_repr
-from ptl_rl._state import check_version, versioned
-from ptl_rl.batch import TransitionBatch
+from ptl_rl.core._reprs import stage_repr
+from ptl_rl.core.versions import check_version, versioned
+from ptl_rl.core.batch import TransitionBatch
 from ptl_rl.distributed.async_source import CollectorError
 from ptl_rl.distributed.common import (
     BuiltCollector,
@@ -32,8 +32,8 @@ from ptl_rl.distributed.common import (
     weights_of,
     worker_rank,
 )
-from ptl_rl.ranks import distributed_rank
-from ptl_rl.source import Episode
+from ptl_rl.core.ranks import distributed_rank
+from ptl_rl.stages.source import Episode
 
 
 def _ray() -> Any:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ptl_rl.batch import TransitionBatch
+from ptl_rl.core.batch import TransitionBatch
 
 _ALIGN = 64  # every block starts on a cache line, so any dtype's view is aligned
 MIN_RING_BYTES = 1024  # arrays smaller than this (per message) stay in the pickle: the ring would not pay

@@ -28,7 +28,7 @@ from ptl_rl.lightning.callbacks import (
 from ptl_rl.lightning.checkpoint import CHECKPOINT_KEY, PipelineCheckpoint
 from ptl_rl.lightning.datamodule import RLDataModule
 from ptl_rl.lightning.validation import EvaluationMixin
-from ptl_rl.stages import find_stage, load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
+from ptl_rl.core.chain import find_stage, load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
 
 __all__ = [
     "CHECKPOINT_KEY",

@@ -13,14 +13,14 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from ptl_rl.batch import TransitionBatch
+from ptl_rl.core.batch import TransitionBatch
 from ptl_rl.lightning.checkpoint import is_checkpointed, note_checkpointed
 from ptl_rl.lightning.stops import stop_known
-from ptl_rl.nstep import NStepTransform
-from ptl_rl.protocols import OnPolicyStage
-from ptl_rl.ranks import assign_rank, distributed_rank
-from ptl_rl.source import ExperienceSource
-from ptl_rl.stages import holds_replay
+from ptl_rl.stages.nstep import NStepTransform
+from ptl_rl.core.protocols import OnPolicyStage
+from ptl_rl.core.ranks import assign_rank, distributed_rank
+from ptl_rl.stages.source import ExperienceSource
+from ptl_rl.core.chain import holds_replay
 
 __all__ = ["BatchGroup", "PipelineDataset", "PipelineLoader", "check_last_stage", "to_dataloader"]
 
@@ -156,7 +156,7 @@ class PipelineDataset(IterableDataset):
     next K batches (``steps_per_epoch`` then counts groups).
 
     When it starts iterating inside ``torch.distributed`` (a DDP run), it gives
-    every stage the process's rank first (:func:`~ptl_rl.ranks.assign_rank`),
+    every stage the process's rank first (:func:`~ptl_rl.core.ranks.assign_rank`),
     so ranks collect and sample different data.
     """
 
@@ -287,13 +287,13 @@ def to_dataloader(
     agent must act with the learner's current weights, in this process), and
     batches are passed through unchanged. ``steps_per_epoch`` sets
     ``len(loader)``; ``None`` makes one endless epoch, except for an on-policy
-    stage with ``batches_per_rollout`` (a :class:`~ptl_rl.buffers.RolloutBuffer`),
+    stage with ``batches_per_rollout`` (a :class:`~ptl_rl.replay.RolloutBuffer`),
     which gets one Lightning epoch per rollout: a sized loader keeps Lightning
     from prefetching, so a rollout is collected only after the last update on
     the previous one.
 
     ``as_tuple`` hands each batch over as a tuple of those fields instead of a
-    :class:`~ptl_rl.batch.TorchBatch`, for modules that unpack tuples, e.g.
+    :class:`~ptl_rl.core.batch.TorchBatch`, for modules that unpack tuples, e.g.
     ``as_tuple=ptl_rl.BOLTS_FIELDS`` gives ``(states, actions, rewards, dones,
     next_states)`` with ``dones = terminated``. Such modules bootstrap with a
     fixed gamma, which is right only for 1-step data; with n-step returns add

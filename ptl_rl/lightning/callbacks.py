@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
-from ptl_rl._state import check_version, versioned
+from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.evaluation import evaluate
 from ptl_rl.lightning.stops import EnvStepLimit, PipelineCallback, global_env_steps
-from ptl_rl.normalization import sync_statistics
-from ptl_rl.profiling import PipelineProfile, profile
-from ptl_rl.protocols import Agent, EpisodeCounter
-from ptl_rl.ranks import rank_seed
-from ptl_rl.stages import find_episode_source
+from ptl_rl.stages.normalize import sync_statistics
+from ptl_rl.core.profiling import PipelineProfile, profile
+from ptl_rl.core.protocols import Agent, EpisodeCounter
+from ptl_rl.core.ranks import rank_seed
+from ptl_rl.core.chain import find_episode_source
 
 __all__ = ["EnvStepLimit", "EpisodeStatsLogger", "NormalizationSync", "PeriodicEvaluation", "PipelineProfiler"]
 
@@ -40,7 +40,7 @@ class EpisodeStatsLogger(PipelineCallback):
       mode="max")`` and ``EarlyStopping(monitor="return", mode="max")`` work on
       them, and the progress bar shows them when ``prog_bar`` is set.
     * **Episodes**: each episode of the pipeline's
-      :class:`~ptl_rl.source.ExperienceSource` is written to the Trainer's
+      :class:`~ptl_rl.stages.source.ExperienceSource` is written to the Trainer's
       loggers as ``episode/return`` and ``episode/length`` with the env-step
       count at its end as the step (an integer), whatever Lightning's
       ``log_every_n_steps``; ``env_steps`` (an integer) is written to them
@@ -105,8 +105,8 @@ class EpisodeStatsLogger(PipelineCallback):
 class NormalizationSync(PipelineCallback):
     """Under DDP, merges the statistics of the pipeline's normalization stages across ranks every ``every_n_steps``.
 
-    Each rank's :class:`~ptl_rl.normalization.NormalizeObservations` and
-    :class:`~ptl_rl.normalization.ScaleRewards` learn from that rank's envs;
+    Each rank's :class:`~ptl_rl.stages.normalize.NormalizeObservations` and
+    :class:`~ptl_rl.stages.normalize.ScaleRewards` learn from that rank's envs;
     after a sync every rank holds the statistics of all ranks' data (each row
     counted once), so every rank's copy of the model sees inputs normalized
     alike. Outside DDP it does nothing. :class:`~ptl_rl.lightning.PipelineCheckpoint`

@@ -10,9 +10,9 @@ import torch.distributed as dist
 
 from ptl_rl.lightning._compat import Callback
 from ptl_rl.lightning.stops import note_trainer_limits
-from ptl_rl.normalization import sync_statistics
-from ptl_rl.ranks import assign_rank
-from ptl_rl.stages import load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
+from ptl_rl.stages.normalize import sync_statistics
+from ptl_rl.core.ranks import assign_rank
+from ptl_rl.core.chain import load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
 
 __all__ = ["CHECKPOINT_KEY", "PipelineCheckpoint", "is_checkpointed", "last_stage_of", "note_checkpointed"]
 
@@ -76,7 +76,7 @@ class PipelineCheckpoint(Callback):
     * Saving does not copy the replay in memory: the saved tensors are views of
       the buffer's arrays, written straight to the file.
     * At ``setup`` it gives every stage the Trainer's global rank (see
-      :mod:`ptl_rl.ranks`), before any restore.
+      :mod:`ptl_rl.core.ranks`), before any restore.
     """
 
     def __init__(self, pipeline: Any, include_replay: bool = True) -> None:

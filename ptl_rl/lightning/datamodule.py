@@ -11,7 +11,7 @@ from ptl_rl.lightning._compat import DataModule
 from ptl_rl.lightning.adapter import PipelineLoader, check_last_stage, to_dataloader
 from ptl_rl.lightning.checkpoint import PipelineCheckpoint, last_stage_of
 from ptl_rl.lightning.stops import trainer_has_step_limit
-from ptl_rl.stages import load_pipeline_state_dict
+from ptl_rl.core.chain import load_pipeline_state_dict
 
 __all__ = ["RLDataModule"]
 
@@ -20,8 +20,8 @@ class RLDataModule(DataModule):
     """A DataModule over a pipeline whose state travels in Lightning checkpoints.
 
     Args:
-        pipeline: the last stage (a :class:`~ptl_rl.sampler.BatchSampler` or a
-            :class:`~ptl_rl.buffers.RolloutBuffer`).
+        pipeline: the last stage (a :class:`~ptl_rl.stages.sampler.BatchSampler` or a
+            :class:`~ptl_rl.replay.RolloutBuffer`).
         steps_per_epoch: batches per Lightning epoch (``None``: one endless
             epoch, or one epoch per rollout for a RolloutBuffer).
         include_replay: keep replay buffers in checkpoints (see :class:`PipelineCheckpoint`).

@@ -17,12 +17,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from ptl_rl._state import check_version, versioned
+from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.evaluation import run_episodes
 from ptl_rl.lightning._compat import LIGHTNING_PACKAGES
 from ptl_rl.lightning.stops import PipelineCallback, global_env_steps
-from ptl_rl.protocols import Agent, EpisodeCounter
-from ptl_rl.stages import find_episode_source
+from ptl_rl.core.protocols import Agent, EpisodeCounter
+from ptl_rl.core.chain import find_episode_source
 from ptl_rl.video import (
     VIDEO_FORMATS,
     add_tensorboard_video,
@@ -106,7 +106,7 @@ def record_episodes(env: gym.Env, agent: Agent, episodes: int = 1, seed: int | N
     """Play ``episodes`` whole episodes of ``agent`` in ``env`` and return them with their frames.
 
     ``env`` is a single env made with ``render_mode="rgb_array"``; ``agent``
-    acts as in :class:`~ptl_rl.source.ExperienceSource` (``obs [1, ...] ->
+    acts as in :class:`~ptl_rl.stages.source.ExperienceSource` (``obs [1, ...] ->
     actions [1, ...]``; pass a greedy one for an evaluation). The first
     episode starts from ``env.reset(seed=seed)``; the next ones follow on the
     env's own random stream, so the same seed and weights give the same
@@ -160,7 +160,7 @@ class EvaluationVideo(PipelineCallback):
     generators (greedy agents draw none).
 
     Args:
-        pipeline: the training pipeline (any stage after its :class:`~ptl_rl.source.ExperienceSource`), whose
+        pipeline: the training pipeline (any stage after its :class:`~ptl_rl.stages.source.ExperienceSource`), whose
             env-step count (summed over ranks) sets the rhythm.
         env: a single ``gymnasium.Env`` with ``render_mode="rgb_array"``.
         make_agent: ``pl_module -> agent``, e.g. ``lambda m: DQNAgent(m.q_net, ArgmaxSelector())``; called at

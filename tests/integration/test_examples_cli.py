@@ -338,7 +338,7 @@ class FakeModule:
 def test_a_crossing_that_fresh_episodes_do_not_confirm_keeps_training(monkeypatch):
     from ptl_rl.examples.harness import ConfirmedEvaluation
 
-    no_episodes = lambda self: []  # noqa: E731 - the methods of ptl_rl.protocols.EpisodeCounter, never called here
+    no_episodes = lambda self: []  # noqa: E731 - the methods of ptl_rl.core.protocols.EpisodeCounter, never called here
     source = type("Source", (), {"total_steps": 0, "episodes_finished": 0, "recent_episodes": no_episodes,
                                  "pop_episodes": no_episodes, "episode_stats": no_episodes})()  # fmt: skip
     notes = []

@@ -21,7 +21,7 @@ from normalized_collector import (
 
 import ptl_rl
 from ptl_rl.distributed import AsyncSource
-from ptl_rl.normalization import NormalizationModule
+from ptl_rl.stages.normalize import NormalizationModule
 
 
 def test_rows_of_each_version_were_normalized_with_the_statistics_pushed_as_that_version():

@@ -95,14 +95,14 @@ def test_there_are_nine_notebooks() -> None:
 def test_scrub_replaces_machine_paths_and_keeps_the_rest() -> None:
     execute = _load_execute_module()
     text = (
-        f"{execute.REPO}/ptl_rl/buffers/replay.py:42: UserWarning: w\n"
+        f"{execute.REPO}/ptl_rl/replay/buffer.py:42: UserWarning: w\n"
         f"{sys.prefix}/lib/python3.11/site-packages/lightning/pytorch/trainer.py:7: PossibleUserWarning\n"
         f"Restored all states from the checkpoint at {tempfile.gettempdir()}/tmpab12cd/last.ckpt\n"
         "Checkpoint directory /home/someone/runs/x exists; see /work/other/file.txt"
     )
     scrubbed = execute.scrub_text(text)
     assert not [needle for needle in MACHINE_PATHS if needle in scrubbed], scrubbed
-    for kept in ("ptl_rl/buffers/replay.py:42: UserWarning", "lightning/pytorch/trainer.py:7", "/last.ckpt"):
+    for kept in ("ptl_rl/replay/buffer.py:42: UserWarning", "lightning/pytorch/trainer.py:7", "/last.ckpt"):
         assert kept in scrubbed, scrubbed
     # a prefix replaces whole path components only, and mkdtemp's random names become one fixed name
     assert "<tmp>/<tempdir>/last.ckpt" in scrubbed, scrubbed

@@ -28,9 +28,9 @@ def load_contents_check():
 
 
 contents = load_contents_check()
-MODULES = ("ptl_rl/__init__.py", "ptl_rl/buffers/__init__.py", "ptl_rl/buffers/frames.py")
-SO = "ptl_rl/buffers/_frame_insert.cpython-311-x86_64-linux-gnu.so"
-SUMTREE_SO = "ptl_rl/buffers/_sumtree_kernel.cpython-311-x86_64-linux-gnu.so"
+MODULES = ("ptl_rl/__init__.py", "ptl_rl/replay/__init__.py", "ptl_rl/replay/frames.py")
+SO = "ptl_rl/replay/_frame_insert.cpython-311-x86_64-linux-gnu.so"
+SUMTREE_SO = "ptl_rl/replay/_sumtree_kernel.cpython-311-x86_64-linux-gnu.so"
 
 
 @pytest.fixture
@@ -83,9 +83,9 @@ def test_a_complete_sdist_passes(tmp_path, src) -> None:
         ({"add": "docs/index.rst"}, "docs"),
         ({"add": SO}, SO),
         ({"add": "ptl_rl/__pycache__/frames.cpython-311.pyc"}, "__pycache__"),
-        ({"drop": "ptl_rl/buffers/_frame_insert.c"}, "_frame_insert.c"),
+        ({"drop": "ptl_rl/replay/_frame_insert.c"}, "_frame_insert.c"),
         ({"drop": "README.rst"}, "README.rst"),
-        ({"drop": "ptl_rl/buffers/frames.py"}, "frames.py"),
+        ({"drop": "ptl_rl/replay/frames.py"}, "frames.py"),
     ],
 )
 def test_the_sdist_check_names_what_is_wrong(tmp_path, src, change, named) -> None:
@@ -109,9 +109,9 @@ def test_wheels_with_and_without_the_extension_pass_as_what_they_are(tmp_path, s
     ("names", "kwargs", "message"),
     [
         (GOOD_WHEEL | {"tests/test_x.py"}, {}, "outside ptl_rl/"),
-        (GOOD_WHEEL | {"ptl_rl/buffers/_frame_insert.c"}, {}, "C sources"),
+        (GOOD_WHEEL | {"ptl_rl/replay/_frame_insert.c"}, {}, "C sources"),
         (GOOD_WHEEL - {"ptl_rl/py.typed"}, {}, "py.typed"),
-        (GOOD_WHEEL - {"ptl_rl/buffers/frames.py"}, {}, "frames.py"),
+        (GOOD_WHEEL - {"ptl_rl/replay/frames.py"}, {}, "frames.py"),
         (GOOD_WHEEL | {"ptl_rl/stray.py"}, {}, "not in the source tree"),
         (GOOD_WHEEL, {"tag": "py3-none-any"}, "platform-independent"),
         (GOOD_WHEEL, {"requires": ("torch>=2.2",)}, "Requires-Dist"),

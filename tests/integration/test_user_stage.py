@@ -1,4 +1,4 @@
-"""A stage of the user's own, written only against ``ptl_rl.protocols``, trains and resumes like ptl_rl's.
+"""A stage of the user's own, written only against ``ptl_rl.core.protocols``, trains and resumes like ptl_rl's.
 
 ``ClipRewards`` sits between the source and the n-step transform and inherits nothing from ptl_rl: it has the
 members of the protocols (``Stage``, ``Stateful``, and it forwards its upstream's ``NumberedStream`` and
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ptl_rl
-from ptl_rl.protocols import NumberedStream, PerEnvStream, Stage, Stateful
+from ptl_rl.core.protocols import NumberedStream, PerEnvStream, Stage, Stateful
 
 GAMMA = 0.9
 LIMIT = 0.5  # CartPole pays 1.0 per step: every reward is clipped

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from ptl_rl import ExperienceSource
-from ptl_rl.envpool import EnvPoolVectorEnv, as_vector_env, is_envpool
+from ptl_rl.envs.envpool import EnvPoolVectorEnv, as_vector_env, is_envpool
 
 envpool = pytest.importorskip("envpool")
 # EnvPool's CartPole declares float64 bounds for a float32 Box; gymnasium warns each time a pool is made

@@ -1,7 +1,7 @@
 """FrameStorage's compiled insert against its Python path: bit-identical storages after every add.
 
 Two storages get the same batches, one with the compiled insert
-(``ptl_rl.buffers._frame_insert``) and one forced onto the Python path
+(``ptl_rl.replay._frame_insert``) and one forced onto the Python path
 (``compiled = False``, what ``PTL_RL_PURE_PYTHON=1`` does for all). After every
 add every array (pool, frame references, per-env state, pending frames, the
 other fields) and every counter must be equal, and so must the sampled
@@ -30,13 +30,13 @@ from hypothesis import strategies as st
 from test_frame_storage import check_against_reference, make_env, random_agent, recorders, reference
 
 from ptl_rl import ExperienceSource, FrameStorage, NStepTransform, ReplayBuffer, TransitionBatch
-from ptl_rl.buffers import frames as frames_module
-from ptl_rl.buffers.frames.compiled import _SlotWindows
-from ptl_rl.buffers.frames.env_state import EnvState
-from ptl_rl.buffers.unfinished import UnfinishedAdd
+from ptl_rl.replay import frames as frames_module
+from ptl_rl.replay.frames.compiled import _SlotWindows
+from ptl_rl.replay.frames.env_state import EnvState
+from ptl_rl.replay.unfinished import UnfinishedAdd
 
 compiled = pytest.mark.skipif(
-    frames_module._frame_insert is None, reason="ptl_rl.buffers._frame_insert is not built (no C compiler?)"
+    frames_module._frame_insert is None, reason="ptl_rl.replay._frame_insert is not built (no C compiler?)"
 )
 
 
@@ -44,8 +44,8 @@ def test_extension_is_built_in_ci():
     """A compile that failed silently (setup.py builds the extension as optional) must not pass CI unseen."""
     if frames_module._frame_insert is None:
         if os.environ.get("CI"):
-            pytest.fail("CI is set but ptl_rl.buffers._frame_insert was not built: see the pip install log")
-        pytest.skip("ptl_rl.buffers._frame_insert is not built: FrameStorage uses its Python path")
+            pytest.fail("CI is set but ptl_rl.replay._frame_insert was not built: see the pip install log")
+        pytest.skip("ptl_rl.replay._frame_insert is not built: FrameStorage uses its Python path")
     assert hasattr(frames_module._frame_insert, "Kernel")
 
 
@@ -367,7 +367,7 @@ def test_the_kernel_is_plain_c_on_buffers():
     """The C file reads no Python attribute and no numpy object layout: only buffers, integers, tuples and the
     batch's dict, looked up with key objects handed over at bind time (data, not names spelt in C).
 
-    A rename in ``ptl_rl/buffers/frames/`` cannot break the compiled path silently, and no numpy version is
+    A rename in ``ptl_rl/replay/frames/`` cannot break the compiled path silently, and no numpy version is
     tied to the build (issue #22). Its arguments are checked when the kernel is built and on every insert.
     """
     source = (Path(frames_module.__file__).parent.parent / "_frame_insert.c").read_text()

@@ -1,6 +1,6 @@
 """FrameStorage.add cut short at every line by an interrupt, then continued: the replay stays exact.
 
-For every line of ``ptl_rl/buffers/frames/`` that an add executes (a batch that wraps the
+For every line of ``ptl_rl/replay/frames/`` that an add executes (a batch that wraps the
 ring, holds episode ends and rows of several envs, n-step tails), a
 ``KeyboardInterrupt`` is raised there (the ``Injector`` of test_robustness,
 through ``sys.settrace``). Right after the interrupt every sampleable
@@ -28,10 +28,10 @@ from ptl_rl import (
     ReplayBuffer,
     SequenceReplayBuffer,
 )
-from ptl_rl.buffers.frames import _frame_insert
+from ptl_rl.replay.frames import _frame_insert
 
 CAPACITY = 13
-FRAMES_DIR = os.path.dirname(sys.modules["ptl_rl.buffers.frames"].__file__)  # the package's modules
+FRAMES_DIR = os.path.dirname(sys.modules["ptl_rl.replay.frames"].__file__)  # the package's modules
 
 
 def in_frames(code) -> bool:
@@ -128,7 +128,7 @@ def test_first_add_interrupted_at_every_line_is_redone(check, compiled):
     n = 3
     batches, table = recorded_batches(n)
     batches = batches[:20]
-    storage_file = sys.modules["ptl_rl.buffers.storage"].__file__
+    storage_file = sys.modules["ptl_rl.replay.storage"].__file__
     injector = Injector({"storage": lambda code: in_frames(code) or code.co_filename == storage_file})
     twin = make_buffer("uniform", n, check, compiled)
     injector.run(lambda: twin.add(batches[0]))

@@ -30,9 +30,9 @@ from ptl_rl import (
     SequenceReplayBuffer,
     TransitionBatch,
 )
-from ptl_rl.buffers import ArrayStorage, load_buffer, save_buffer
-from ptl_rl.buffers.frames import _frame_insert
-from ptl_rl.buffers.persist import MANIFEST, read_manifest
+from ptl_rl.replay import ArrayStorage, load_buffer, save_buffer
+from ptl_rl.replay.frames import _frame_insert
+from ptl_rl.replay.persist import MANIFEST, read_manifest
 
 STACK = 4
 LAYOUTS = [

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ptl_rl
-from ptl_rl.gae import compute_gae
+from ptl_rl.replay.gae import compute_gae
 
 MODES = ("NextStep", "SameStep", "Disabled", "single")
 

@@ -345,7 +345,7 @@ def _state(buffer: HERReplayBuffer) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("then", ["add", "sample", "state_dict"])
-@pytest.mark.parametrize("target", ["ptl_rl.buffers.her", "ptl_rl.buffers.episodes", "ptl_rl.buffers.storage"])
+@pytest.mark.parametrize("target", ["ptl_rl.replay.her", "ptl_rl.replay.episodes", "ptl_rl.replay.storage"])
 def test_add_interrupted_anywhere_is_completed_or_undone(target, then):
     """An interrupt at any line of a wrapping add leaves the buffer as if the add ran in full (or, at its very
     first lines, never ran), once the next add, sample or state_dict has run."""
@@ -394,8 +394,8 @@ def test_add_interrupted_anywhere_is_completed_or_undone(target, then):
 
 def test_end_episodes_interrupted_anywhere_then_called_again_ends_them_once():
     batches = _batches()
-    episodes_file = sys.modules["ptl_rl.buffers.episodes"].__file__
-    her_file = sys.modules["ptl_rl.buffers.her"].__file__
+    episodes_file = sys.modules["ptl_rl.replay.episodes"].__file__
+    her_file = sys.modules["ptl_rl.replay.her"].__file__
     injector = Injector({"target": lambda code: code.co_filename in (episodes_file, her_file)})
 
     def filled() -> HERReplayBuffer:

@@ -18,7 +18,7 @@ from scripted_env import BOTH, MODES, TERM, TRUNC, make_env, raw_transitions, sc
 from taps import Tap
 
 import ptl_rl
-from ptl_rl.running_stats import Moments
+from ptl_rl.normalization.running_stats import Moments
 
 LAYOUTS = [
     [(1, TERM), (3, TRUNC), (1, TRUNC), (4, TERM), (2, TERM)],

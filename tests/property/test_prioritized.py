@@ -20,7 +20,7 @@ from ptl_rl import (
     TransitionBatch,
     to_dataloader,
 )
-from ptl_rl.buffers import sumtree as sumtree_module
+from ptl_rl.replay import sumtree as sumtree_module
 
 EPS = 1e-6
 KERNEL = sumtree_module._sumtree_kernel

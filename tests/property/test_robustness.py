@@ -43,17 +43,17 @@ import ptl_rl
 from ptl_rl import ExperienceSource, NStepTransform, ReplayBuffer, TransitionBatch
 
 STAGE_MODULES = (
-    "ptl_rl.source",
-    "ptl_rl.nstep",
-    "ptl_rl.batch",
-    "ptl_rl.buffers.replay",
-    "ptl_rl.buffers.storage",
-    "ptl_rl.buffers.indexed",
-    "ptl_rl.buffers.prioritized",
-    "ptl_rl.buffers.draws",
-    "ptl_rl.buffers.sumtree",
-    "ptl_rl.buffers.sequence",
-    "ptl_rl.sampler",
+    "ptl_rl.stages.source",
+    "ptl_rl.stages.nstep",
+    "ptl_rl.core.batch",
+    "ptl_rl.replay.buffer",
+    "ptl_rl.replay.storage",
+    "ptl_rl.replay.indexed",
+    "ptl_rl.replay.prioritized",
+    "ptl_rl.replay.draws",
+    "ptl_rl.replay.sumtree",
+    "ptl_rl.replay.sequence",
+    "ptl_rl.stages.sampler",
 )
 STAGE_FILES = tuple(importlib.import_module(name).__file__ for name in STAGE_MODULES)
 
@@ -664,7 +664,7 @@ def test_replay_add_interrupted_between_fields_is_redone_in_full(kind, then):
     import ptl_rl
 
     ReplayBuffer = ptl_rl.ReplayBuffer if kind == "uniform" else ptl_rl.PrioritizedReplayBuffer  # noqa: N806
-    storage_file = sys.modules["ptl_rl.buffers.storage"].__file__
+    storage_file = sys.modules["ptl_rl.replay.storage"].__file__
     injector = Injector({"storage": lambda code: code.co_filename == storage_file})
     clean = ReplayBuffer(None, capacity=4)
     clean.add(_rows([1, 2, 3, 4]))
@@ -791,7 +791,7 @@ def _sequence_state(buffer: Any) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize(("prioritized", "pad_end"), [(False, False), (True, False), (False, True)])
-@pytest.mark.parametrize("target", ["ptl_rl.buffers.sequence", "ptl_rl.buffers.storage"])
+@pytest.mark.parametrize("target", ["ptl_rl.replay.sequence", "ptl_rl.replay.storage"])
 def test_sequence_add_interrupted_anywhere_is_redone_in_full(target, prioritized, pad_end):
     """An interrupt at any line of an add (storage write or linking) changes nothing once the next add ran."""
     batches = _sequence_batches()
@@ -844,7 +844,7 @@ def test_sequence_add_interrupted_anywhere_is_redone_in_full(target, prioritized
 
 def test_an_add_interrupted_while_allocating_allocates_again():
     """The first add allocates the ring; an interrupt there must not leave a half-built storage for good."""
-    target_file = importlib.import_module("ptl_rl.buffers.storage").__file__
+    target_file = importlib.import_module("ptl_rl.replay.storage").__file__
     injector = Injector({"target": lambda code: code.co_filename == target_file})
     clean = ReplayBuffer(None, capacity=4, warmup=0)
     injector.run(lambda: clean.add(_rows([1, 2])))

@@ -13,7 +13,7 @@ from torch import distributions as D
 from torch import nn
 
 import ptl_rl
-from ptl_rl.distributions import (
+from ptl_rl.agents.distributions import (
     ActionRescaler,
     Categorical,
     DiagGaussian,

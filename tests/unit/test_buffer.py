@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from stats import SIGNIFICANCE, chi_square_quantile, chi_square_statistic
 
 from ptl_rl import ReplayBuffer, TransitionBatch
-from ptl_rl.buffers import ArrayStorage
+from ptl_rl.replay import ArrayStorage
 
 
 def make_batch(start: int, rows: int, obs_dim: int = 3) -> TransitionBatch:

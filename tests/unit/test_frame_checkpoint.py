@@ -1,7 +1,7 @@
 """A FrameStorage checkpoint written by the code before issue #22's split still loads and samples alike.
 
 ``tests/support/data/frame_storage_v1.pt`` was written by ``tests/support/frame_checkpoint.py`` at
-commit 7044503 (``ptl_rl/buffers/frames.py`` as one module, the compiled insert writing the counters):
+commit 7044503 (``ptl_rl/replay/frames.py`` as one module, the compiled insert writing the counters):
 a ``ReplayBuffer`` state over a ``FrameStorage`` (array and Dict observations) and the batch that buffer
 sampled right after the save. Loaded into a fresh buffer of today's code, with ``weights_only=True``,
 the buffer must sample the same batch, bit for bit, and keep taking adds.

@@ -1,6 +1,6 @@
 """FrameStorage without its compiled insert: a build with no C compiler has no ``_frame_insert`` module.
 
-Each case runs in a fresh interpreter, so that the import of ``ptl_rl.buffers.frames`` sees the module
+Each case runs in a fresh interpreter, so that the import of ``ptl_rl.replay.frames`` sees the module
 missing (or ``PTL_RL_PURE_PYTHON=1``) as an installed package without the extension would. The storage must
 then take the Python path for every add and store exactly what the compiled insert stores here.
 """
@@ -15,14 +15,14 @@ import sys
 import pytest
 from paths import REPO, SUPPORT
 
-from ptl_rl.buffers import frames
+from ptl_rl.replay import frames
 
 FILL = """
 import hashlib, json, sys
 sys.path.insert(0, {support!r})
 from frame_checkpoint import stream
 from ptl_rl import FrameStorage, NStepTransform, ReplayBuffer
-from ptl_rl.buffers import frames
+from ptl_rl.replay import frames
 import functools, numpy as np
 buffer = ReplayBuffer(None, 24, seed=0, storage=functools.partial(FrameStorage, stack_axis=0, extra_frames=16))
 nstep = NStepTransform(iter(stream(40, False)), n=2, gamma=0.9)
@@ -61,8 +61,8 @@ def run(prelude: str, env: dict[str, str] | None = None) -> dict:
 @pytest.mark.skipif(frames._frame_insert is None, reason="the compiled insert is not built: nothing to compare")
 def test_without_the_extension_every_add_takes_the_python_path_and_stores_the_same():
     compiled = run("")
-    # (None in sys.modules makes `from ptl_rl.buffers import _frame_insert` raise ImportError, as a missing .so)
-    missing = run("import sys; sys.modules['ptl_rl.buffers._frame_insert'] = None\n")
+    # (None in sys.modules makes `from ptl_rl.replay import _frame_insert` raise ImportError, as a missing .so)
+    missing = run("import sys; sys.modules['ptl_rl.replay._frame_insert'] = None\n")
     pure = run("", {"PTL_RL_PURE_PYTHON": "1"})
     assert compiled["module"] and compiled["compiled_insert"] and compiled["kernel"] not in ("None", "False")
     assert not missing["module"] and not missing["compiled_insert"] and missing["kernel"] == "False"

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ptl_rl._grouping import rank_within_group
-from ptl_rl.schedules import Constant, LinearSchedule, as_schedule
+from ptl_rl.core._grouping import rank_within_group
+from ptl_rl.core.schedules import Constant, LinearSchedule, as_schedule
 
 
 @given(st.lists(st.integers(-3, 5), max_size=40))

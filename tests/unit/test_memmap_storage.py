@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ptl_rl import PrioritizedReplayBuffer, ReplayBuffer, TransitionBatch
-from ptl_rl.buffers import MemmapStorage, load_buffer, save_buffer
+from ptl_rl.replay import MemmapStorage, load_buffer, save_buffer
 
 
 def rows(start: int, count: int) -> TransitionBatch:

@@ -23,9 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ptl_rl
-from ptl_rl.batch import TransitionBatch
-from ptl_rl.normalization import NormalizationModule, sync_statistics
-from ptl_rl.running_stats import Moments, RunningStatistics
+from ptl_rl.core.batch import TransitionBatch
+from ptl_rl.stages.normalize import NormalizationModule, sync_statistics
+from ptl_rl.normalization.running_stats import Moments, RunningStatistics
 
 # NaN and inf in the rows make numpy warn while the moments are computed; the refusal is what is tested
 pytestmark = pytest.mark.filterwarnings("ignore:(invalid value|overflow) encountered:RuntimeWarning")
@@ -254,7 +254,7 @@ def two_ranks(monkeypatch):
     def all_gather_object(gathered: list, mine: Any) -> None:
         gathered[0], gathered[1] = mine, other["part"]
 
-    import ptl_rl.running_stats as rs  # noqa: PLC0415 - the module whose torch.distributed is faked
+    import ptl_rl.normalization.running_stats as rs  # noqa: PLC0415 - the module whose torch.distributed is faked
 
     monkeypatch.setattr(rs.dist, "is_available", lambda: True)
     monkeypatch.setattr(rs.dist, "is_initialized", lambda: True)

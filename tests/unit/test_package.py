@@ -16,7 +16,7 @@ def test_every_public_name_resolves_from_the_module_that_defines_it():
 
 
 def test_subpackages_resolve_as_attributes_after_a_plain_import():
-    assert ptl_rl.buffers.FrameStorage is ptl_rl.FrameStorage
+    assert ptl_rl.replay.FrameStorage is ptl_rl.FrameStorage
     assert ptl_rl.distributed.__name__ == "ptl_rl.distributed"
 
 

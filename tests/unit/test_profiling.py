@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ptl_rl
-from ptl_rl.profiling import HOST_TO_DEVICE
+from ptl_rl.core.profiling import HOST_TO_DEVICE
 
 
 def build(num_envs: int = 4, batch_size: int = 16, n: int = 3):

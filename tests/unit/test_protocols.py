@@ -1,4 +1,4 @@
-"""The extension points of ``ptl_rl.protocols``: ptl_rl's own parts meet them, and a user's storage and agent
+"""The extension points of ``ptl_rl.core.protocols``: ptl_rl's own parts meet them, and a user's storage and agent
 written only against them work in a buffer, a source and a checkpoint."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ptl_rl
-from ptl_rl.protocols import (
+from ptl_rl.core.protocols import (
     Agent,
     EnvStepAware,
     EpisodeCounter,
@@ -94,7 +94,7 @@ def test_implements_agrees_with_isinstance_for_protocols_of_methods():
 
 # ---------------------------------------------------------------------------- a user's storage
 class RingOfArrays:
-    """A user's storage: one numpy ring per (flat) field, written against ``ptl_rl.protocols.Storage`` only."""
+    """A user's storage: one numpy ring per (flat) field, written against ``ptl_rl.core.protocols.Storage`` only."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = int(capacity)
@@ -171,7 +171,7 @@ def test_a_storage_factory_that_returns_no_storage_is_refused_with_what_it_lacks
 
 # ---------------------------------------------------------------------------- a user's agent
 class HookedAgent:
-    """A user's agent with every optional hook of ``ptl_rl.protocols``: a recurrent, scheduled, seeded one."""
+    """A user's agent with every optional hook of ``ptl_rl.core.protocols``: a recurrent, scheduled, seeded one."""
 
     def __init__(self) -> None:
         self.resets: list[np.ndarray] = []

@@ -298,7 +298,7 @@ def test_refusals_name_the_problem():
 def test_a_rollout_with_a_recurrent_agent_needs_no_value_method():
     """The recurrent agent has no value(obs) (its values need a state): the buffer accepts its next_value."""
     rollout, agent, _ = pipeline("NextStep", 6)
-    assert not hasattr(agent, "value") and isinstance(agent, ptl_rl.protocols.TransitionCritic)
+    assert not hasattr(agent, "value") and isinstance(agent, ptl_rl.core.protocols.TransitionCritic)
     assert "episode_start" in next(rollout).keys()
     assert repr(rollout).startswith("RolloutBuffer(envs=3, steps_per_env=12, sequence_length=6, held=")
 

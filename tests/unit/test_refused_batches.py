@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from ptl_rl import FrameStorage, PrioritizedReplayBuffer, ReplayBuffer, SequenceReplayBuffer, TransitionBatch
-from ptl_rl.buffers import ArrayStorage, MemmapStorage
-from ptl_rl.buffers.frames import _frame_insert
+from ptl_rl.replay import ArrayStorage, MemmapStorage
+from ptl_rl.replay.frames import _frame_insert
 
 STACK, ENVS, CAPACITY = 3, 2, 8
 END_OF_EPISODE = {(1, 2)}  # (env, step): env 1 truncates at its step 2, its next step starts a new episode

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ptl_rl
-from ptl_rl.distributions import DiagGaussian, SquashedDiagGaussian
+from ptl_rl.agents.distributions import DiagGaussian, SquashedDiagGaussian
 from ptl_rl.examples import ppo
 
 # (mean, log_std) per row and action dimension: narrow and wide, centred and saturated, up to the head's bound 2

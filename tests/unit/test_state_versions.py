@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import ptl_rl
-from ptl_rl._state import STATE_VERSION_KEY
+from ptl_rl.core.versions import STATE_VERSION_KEY
 
 
 def _rows(n: int) -> ptl_rl.TransitionBatch:
@@ -105,7 +105,7 @@ STATEFUL: dict[str, Callable[..., Any]] = {
     ),
     "HERReplayBuffer": _her,
     "RolloutBuffer": _rollout,
-    "ArrayStorage": lambda variant=0: _filled(ptl_rl.buffers.ArrayStorage(16), variant),
+    "ArrayStorage": lambda variant=0: _filled(ptl_rl.replay.ArrayStorage(16), variant),
     "EpsilonGreedySelector": lambda variant=0: ptl_rl.EpsilonGreedySelector(0.1, seed=variant),
 }
 

@@ -1,0 +1,1 @@
+"""Offline data: Minari datasets read into the pipeline, and episodes recorded out of it (the ``offline`` extra)."""
