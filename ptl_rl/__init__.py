@@ -1,190 +1,39 @@
 """ptl_rl: composable experience pipelines that feed PyTorch Lightning.
 
-ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler -> to_dataloader
+    ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler -> to_dataloader
 
-The public names below are imported on first use (PEP 562 ``__getattr__``),
-not by ``import ptl_rl``: they load torch and Lightning, about 10 s on a busy
-CPU, and a command line such as ``python -m ptl_rl.examples.dqn --help``
-(whose parent package is this one) should answer before that. Type checkers
-and IDEs see them through the ``TYPE_CHECKING`` imports.
+The public API is the list of imports under ``if TYPE_CHECKING:`` below, and
+only that list: type checkers and IDEs read it as imports, and at run time
+:func:`_public_api` reads the same lines to import each name from its module
+on first use (PEP 562 ``__getattr__``). ``import ptl_rl`` itself loads
+nothing heavy: the names load torch and Lightning, about 10 s on a busy CPU,
+and a command line such as ``python -m ptl_rl.examples.dqn --help`` (whose
+parent package is this one) should answer before that.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# public name -> the module that defines it
-_PUBLIC_API: dict[str, str] = {
-    "ActorCriticAgent": "ptl_rl.agents.policies",
-    "DeterministicActorAgent": "ptl_rl.agents.policies",
-    "DQNAgent": "ptl_rl.agents.policies",
-    "PolicyAgent": "ptl_rl.agents.policies",
-    "StochasticPolicyAgent": "ptl_rl.agents.policies",
-    "TargetNet": "ptl_rl.agents.policies",
-    "obs_to_tensor": "ptl_rl.agents.policies",
-    "check_version": "ptl_rl.core.versions",
-    "versioned": "ptl_rl.core.versions",
-    "BOLTS_FIELDS": "ptl_rl.core.batch",
-    "CORE_FIELDS": "ptl_rl.core.batch",
-    "TorchBatch": "ptl_rl.core.batch",
-    "TransitionBatch": "ptl_rl.core.batch",
-    "ArrayStorage": "ptl_rl.replay",
-    "FrameStorage": "ptl_rl.replay",
-    "HERReplayBuffer": "ptl_rl.replay",
-    "MemmapStorage": "ptl_rl.replay",
-    "PrioritizedReplayBuffer": "ptl_rl.replay",
-    "ReplayBuffer": "ptl_rl.replay",
-    "RolloutBuffer": "ptl_rl.replay",
-    "SequenceReplayBuffer": "ptl_rl.replay",
-    "SumTree": "ptl_rl.replay",
-    "ActionRescaler": "ptl_rl.agents.distributions",
-    "action_head": "ptl_rl.agents.distributions",
-    "EvaluationDataset": "ptl_rl.evaluation",
-    "evaluate": "ptl_rl.evaluation",
-    "evaluation_dataloader": "ptl_rl.evaluation",
-    "run_episodes": "ptl_rl.evaluation",
-    "compute_gae": "ptl_rl.replay.gae",
-    "BatchGroup": "ptl_rl.lightning",
-    "CHECKPOINT_KEY": "ptl_rl.lightning",
-    "EnvStepLimit": "ptl_rl.lightning",
-    "EpisodeStatsLogger": "ptl_rl.lightning",
-    "EvaluationMixin": "ptl_rl.lightning",
-    "NormalizationSync": "ptl_rl.lightning",
-    "PeriodicEvaluation": "ptl_rl.lightning",
-    "PipelineCheckpoint": "ptl_rl.lightning",
-    "PipelineDataset": "ptl_rl.lightning",
-    "PipelineLoader": "ptl_rl.lightning",
-    "PipelineProfiler": "ptl_rl.lightning",
-    "RLDataModule": "ptl_rl.lightning",
-    "to_dataloader": "ptl_rl.lightning",
-    "NStepTransform": "ptl_rl.stages.nstep",
-    "NormalizationModule": "ptl_rl.stages.normalize",
-    "NormalizeObservations": "ptl_rl.stages.normalize",
-    "NormalizeSampledObservations": "ptl_rl.stages.normalize",
-    "NormalizedAgent": "ptl_rl.stages.normalize",
-    "ObservationNormalizer": "ptl_rl.stages.normalize",
-    "ScaleRewards": "ptl_rl.stages.normalize",
-    "MinariRecorder": "ptl_rl.offline.datasets",
-    "MinariSource": "ptl_rl.offline.datasets",
-    "minari_replay_buffer": "ptl_rl.offline.datasets",
-    "open_minari_dataset": "ptl_rl.offline.datasets",
-    "PipelineProfile": "ptl_rl.core.profiling",
-    "profile": "ptl_rl.core.profiling",
-    "set_profiling": "ptl_rl.core.profiling",
-    "assign_rank": "ptl_rl.core.ranks",
-    "rank_seed": "ptl_rl.core.ranks",
-    "BatchSampler": "ptl_rl.stages.sampler",
-    "LinearSchedule": "ptl_rl.core.schedules",
-    "ArgmaxSelector": "ptl_rl.agents.selectors",
-    "EpsilonGreedySelector": "ptl_rl.agents.selectors",
-    "Episode": "ptl_rl.stages.source",
-    "ExperienceSource": "ptl_rl.stages.source",
-    "find_stage": "ptl_rl.core.chain",
-    "write_video": "ptl_rl.video",
-    "EvaluationVideo": "ptl_rl.lightning.video_recording",
-    "RecordedEpisode": "ptl_rl.lightning.video_recording",
-    "record_episodes": "ptl_rl.lightning.video_recording",
-    "load_pipeline_state_dict": "ptl_rl.core.chain",
-    "pipeline_stages": "ptl_rl.core.chain",
-    "pipeline_state_dict": "ptl_rl.core.chain",
-    "RecurrentCore": "ptl_rl.agents.recurrent",
-    "RecurrentDQNAgent": "ptl_rl.agents.recurrent",
-    "RecurrentQNet": "ptl_rl.agents.recurrent",
-    "PerEnvState": "ptl_rl.agents.recurrent",
-    "RecurrentActorCritic": "ptl_rl.agents.recurrent_policy",
-    "RecurrentActorCriticAgent": "ptl_rl.agents.recurrent_policy",
-    "RecurrentActorCriticNet": "ptl_rl.agents.recurrent_policy",
-    "sequence_nstep_targets": "ptl_rl.agents.recurrent",
-}
 
-__all__ = [
-    "ActionRescaler",
-    "ActorCriticAgent",
-    "ArgmaxSelector",
-    "ArrayStorage",
-    "BOLTS_FIELDS",
-    "BatchGroup",
-    "BatchSampler",
-    "CHECKPOINT_KEY",
-    "CORE_FIELDS",
-    "DQNAgent",
-    "DeterministicActorAgent",
-    "EnvStepLimit",
-    "Episode",
-    "EpisodeStatsLogger",
-    "EpsilonGreedySelector",
-    "EvaluationDataset",
-    "EvaluationMixin",
-    "EvaluationVideo",
-    "ExperienceSource",
-    "FrameStorage",
-    "HERReplayBuffer",
-    "LinearSchedule",
-    "MemmapStorage",
-    "MinariRecorder",
-    "MinariSource",
-    "NStepTransform",
-    "NormalizationSync",
-    "NormalizationModule",
-    "NormalizeObservations",
-    "NormalizeSampledObservations",
-    "NormalizedAgent",
-    "ObservationNormalizer",
-    "PeriodicEvaluation",
-    "PipelineCheckpoint",
-    "PipelineDataset",
-    "PipelineLoader",
-    "PipelineProfile",
-    "PipelineProfiler",
-    "PolicyAgent",
-    "PrioritizedReplayBuffer",
-    "RLDataModule",
-    "RecordedEpisode",
-    "PerEnvState",
-    "RecurrentActorCritic",
-    "RecurrentActorCriticAgent",
-    "RecurrentActorCriticNet",
-    "RecurrentCore",
-    "RecurrentDQNAgent",
-    "RecurrentQNet",
-    "ReplayBuffer",
-    "RolloutBuffer",
-    "ScaleRewards",
-    "SequenceReplayBuffer",
-    "StochasticPolicyAgent",
-    "SumTree",
-    "TargetNet",
-    "TorchBatch",
-    "TransitionBatch",
-    "action_head",
-    "assign_rank",
-    "check_version",
-    "compute_gae",
-    "evaluate",
-    "evaluation_dataloader",
-    "find_stage",
-    "load_pipeline_state_dict",
-    "minari_replay_buffer",
-    "obs_to_tensor",
-    "open_minari_dataset",
-    "pipeline_stages",
-    "pipeline_state_dict",
-    "profile",
-    "rank_seed",
-    "record_episodes",
-    "run_episodes",
-    "sequence_nstep_targets",
-    "set_profiling",
-    "to_dataloader",
-    "versioned",
-    "write_video",
-]
+def _public_api() -> dict[str, str]:
+    """Public name -> its module, read from this file's ``if TYPE_CHECKING:`` imports (about 1 ms)."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", None) == "TYPE_CHECKING")
+    return {alias.asname or alias.name: str(node.module) for node in block.body if isinstance(node, ast.ImportFrom)
+            for alias in node.names}  # fmt: skip
+
+
+_PUBLIC_API = _public_api()
+__all__ = sorted(_PUBLIC_API)  # derived from the one list above
 
 if TYPE_CHECKING:
-    from ptl_rl.core.versions import check_version, versioned
+    from ptl_rl.agents.distributions import ActionRescaler, action_head
     from ptl_rl.agents.policies import (
         ActorCriticAgent,
         DeterministicActorAgent,
@@ -194,21 +43,22 @@ if TYPE_CHECKING:
         TargetNet,
         obs_to_tensor,
     )
-    from ptl_rl.core.batch import BOLTS_FIELDS, CORE_FIELDS, TorchBatch, TransitionBatch
-    from ptl_rl.replay import (
-        ArrayStorage,
-        FrameStorage,
-        HERReplayBuffer,
-        MemmapStorage,
-        PrioritizedReplayBuffer,
-        ReplayBuffer,
-        RolloutBuffer,
-        SequenceReplayBuffer,
-        SumTree,
+    from ptl_rl.agents.recurrent import (
+        PerEnvState,
+        RecurrentCore,
+        RecurrentDQNAgent,
+        RecurrentQNet,
+        sequence_nstep_targets,
     )
-    from ptl_rl.agents.distributions import ActionRescaler, action_head
+    from ptl_rl.agents.recurrent_policy import RecurrentActorCritic, RecurrentActorCriticAgent, RecurrentActorCriticNet
+    from ptl_rl.agents.selectors import ArgmaxSelector, EpsilonGreedySelector
+    from ptl_rl.core.batch import BOLTS_FIELDS, CORE_FIELDS, TorchBatch, TransitionBatch
+    from ptl_rl.core.chain import find_stage, load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
+    from ptl_rl.core.profiling import PipelineProfile, profile, set_profiling
+    from ptl_rl.core.ranks import assign_rank, rank_seed
+    from ptl_rl.core.schedules import LinearSchedule
+    from ptl_rl.core.versions import check_version, versioned
     from ptl_rl.evaluation import EvaluationDataset, evaluate, evaluation_dataloader, run_episodes
-    from ptl_rl.replay.gae import compute_gae
     from ptl_rl.lightning import (
         CHECKPOINT_KEY,
         BatchGroup,
@@ -225,6 +75,19 @@ if TYPE_CHECKING:
         to_dataloader,
     )
     from ptl_rl.lightning.video_recording import EvaluationVideo, RecordedEpisode, record_episodes
+    from ptl_rl.offline.datasets import MinariRecorder, MinariSource, minari_replay_buffer, open_minari_dataset
+    from ptl_rl.replay import (
+        ArrayStorage,
+        FrameStorage,
+        HERReplayBuffer,
+        MemmapStorage,
+        PrioritizedReplayBuffer,
+        ReplayBuffer,
+        RolloutBuffer,
+        SequenceReplayBuffer,
+        SumTree,
+    )
+    from ptl_rl.replay.gae import compute_gae
     from ptl_rl.stages.normalize import (
         NormalizationModule,
         NormalizedAgent,
@@ -234,16 +97,8 @@ if TYPE_CHECKING:
         ScaleRewards,
     )
     from ptl_rl.stages.nstep import NStepTransform
-    from ptl_rl.offline.datasets import MinariRecorder, MinariSource, minari_replay_buffer, open_minari_dataset
-    from ptl_rl.core.profiling import PipelineProfile, profile, set_profiling
-    from ptl_rl.core.ranks import assign_rank, rank_seed
-    from ptl_rl.agents.recurrent import PerEnvState, RecurrentCore, RecurrentDQNAgent, RecurrentQNet, sequence_nstep_targets
-    from ptl_rl.agents.recurrent_policy import RecurrentActorCritic, RecurrentActorCriticAgent, RecurrentActorCriticNet
     from ptl_rl.stages.sampler import BatchSampler
-    from ptl_rl.core.schedules import LinearSchedule
-    from ptl_rl.agents.selectors import ArgmaxSelector, EpsilonGreedySelector
     from ptl_rl.stages.source import Episode, ExperienceSource
-    from ptl_rl.core.chain import find_stage, load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
     from ptl_rl.video import write_video
 
 
