@@ -30,7 +30,7 @@ def _public_api() -> dict[str, str]:
 
 
 _PUBLIC_API = _public_api()
-__all__ = sorted(_PUBLIC_API)  # derived from the one list above
+__all__ = sorted(_PUBLIC_API)  # derived from the one list: the imports below
 
 if TYPE_CHECKING:
     from ptl_rl.agents.distributions import ActionRescaler, action_head
