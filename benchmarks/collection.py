@@ -116,7 +116,7 @@ def accounting_us(repeats: int = 20_000) -> float:
     ``perf_counter_ns`` reads and one ``StageClock.add``, plus two ``len(batch)``.
     A deterministic bound next to the on/off comparison, which the machine's noise can swamp.
     """
-    from ptl_rl.core.profiling import SWITCH, StageClock, perf_counter_ns  # noqa: PLC0415
+    from ptl_rl.core.clock import SETTINGS, StageClock, perf_counter_ns  # noqa: PLC0415
 
     clocks = [StageClock(str(i), "items") for i in range(4)]
     batch = ptl_rl.TransitionBatch(obs=np.zeros((8, 4), np.float32))
@@ -125,7 +125,7 @@ def accounting_us(repeats: int = 20_000) -> float:
         start = time.process_time()
         for _ in range(repeats):
             for clock in clocks:
-                if SWITCH.on:
+                if SETTINGS.profiling:
                     t = perf_counter_ns()
                     clock.add(perf_counter_ns() - t, 8)
             len(batch), len(batch)

@@ -170,8 +170,8 @@ def _resolve_by_suffix(app, env, node, contnode):  # noqa: ANN001, ANN201 - Sphi
 
 
 def _public_names() -> set[int]:
-    import ptl_rl.replay
     import ptl_rl.distributed
+    import ptl_rl.replay
 
     return {id(getattr(m, n)) for m in (ptl_rl, ptl_rl.replay, ptl_rl.distributed) for n in m.__all__}
 
@@ -180,8 +180,9 @@ def _public_bases(app, name, obj, options, bases):  # noqa: ANN001, ANN201 - Sph
     public = _public_names()
 
     def expand(base: type) -> list[type]:
-        if base is object or (base.__module__.startswith("ptl_rl") and id(base) not in public):
-            return [b for parent in base.__bases__ for b in expand(parent)]
+        origin = getattr(base, "__origin__", base)  # a generic base, Stage[TransitionBatch], shows as written
+        if origin is object or (origin.__module__.startswith("ptl_rl") and id(origin) not in public):
+            return [b for parent in getattr(origin, "__bases__", ()) for b in expand(parent)]
         return [base]
 
     expanded = [b for base in bases for b in expand(base)]

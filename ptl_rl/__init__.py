@@ -33,30 +33,22 @@ _PUBLIC_API = _public_api()
 __all__ = sorted(_PUBLIC_API)  # derived from the one list: the imports below
 
 if TYPE_CHECKING:
+    from ptl_rl.agents.deterministic import DeterministicActorAgent
     from ptl_rl.agents.distributions import ActionRescaler, action_head
-    from ptl_rl.agents.policies import (
-        ActorCriticAgent,
-        DeterministicActorAgent,
-        DQNAgent,
-        PolicyAgent,
-        StochasticPolicyAgent,
-        TargetNet,
-        obs_to_tensor,
-    )
-    from ptl_rl.agents.recurrent import (
-        PerEnvState,
-        RecurrentCore,
-        RecurrentDQNAgent,
-        RecurrentQNet,
-        sequence_nstep_targets,
-    )
+    from ptl_rl.agents.dqn import DQNAgent, TargetNet
+    from ptl_rl.agents.recurrent import PerEnvState, RecurrentCore, RecurrentDQNAgent, RecurrentQNet
     from ptl_rl.agents.recurrent_policy import RecurrentActorCritic, RecurrentActorCriticAgent, RecurrentActorCriticNet
+    from ptl_rl.agents.recurrent_targets import sequence_nstep_targets
     from ptl_rl.agents.selectors import ArgmaxSelector, EpsilonGreedySelector
+    from ptl_rl.agents.stochastic import ActorCriticAgent, PolicyAgent, StochasticPolicyAgent
+    from ptl_rl.agents.tensors import obs_to_tensor
     from ptl_rl.core.batch import BOLTS_FIELDS, CORE_FIELDS, TorchBatch, TransitionBatch
     from ptl_rl.core.chain import find_stage, load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
-    from ptl_rl.core.profiling import PipelineProfile, profile, set_profiling
+    from ptl_rl.core.profile import PipelineProfile, profile
     from ptl_rl.core.ranks import assign_rank, rank_seed
     from ptl_rl.core.schedules import LinearSchedule
+    from ptl_rl.core.settings import set_profiling
+    from ptl_rl.core.stage import Stage
     from ptl_rl.core.versions import check_version, versioned
     from ptl_rl.evaluation import EvaluationDataset, evaluate, evaluation_dataloader, run_episodes
     from ptl_rl.lightning import (
@@ -75,7 +67,12 @@ if TYPE_CHECKING:
         to_dataloader,
     )
     from ptl_rl.lightning.video_recording import EvaluationVideo, RecordedEpisode, record_episodes
-    from ptl_rl.offline.datasets import MinariRecorder, MinariSource, minari_replay_buffer, open_minari_dataset
+    from ptl_rl.normalization.module import NormalizationModule
+    from ptl_rl.normalization.normalizer import NormalizedAgent, ObservationNormalizer
+    from ptl_rl.offline.buffer import minari_replay_buffer
+    from ptl_rl.offline.reader import open_minari_dataset
+    from ptl_rl.offline.recorder import MinariRecorder
+    from ptl_rl.offline.source import MinariSource
     from ptl_rl.replay import (
         ArrayStorage,
         FrameStorage,
@@ -88,16 +85,9 @@ if TYPE_CHECKING:
         SumTree,
     )
     from ptl_rl.replay.gae import compute_gae
-    from ptl_rl.stages.normalize import (
-        NormalizationModule,
-        NormalizedAgent,
-        NormalizeObservations,
-        NormalizeSampledObservations,
-        ObservationNormalizer,
-        ScaleRewards,
-    )
+    from ptl_rl.replay.sampler import BatchSampler
+    from ptl_rl.stages.normalize import NormalizeObservations, NormalizeSampledObservations, ScaleRewards
     from ptl_rl.stages.nstep import NStepTransform
-    from ptl_rl.stages.sampler import BatchSampler
     from ptl_rl.stages.source import Episode, ExperienceSource
     from ptl_rl.video import write_video
 

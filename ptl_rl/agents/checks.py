@@ -21,15 +21,22 @@ An agent that scores discrete actions (``DQNAgent``, a categorical
 number of actions (:func:`check_output_width`), known at once for a network
 that ends in a linear layer (:func:`static_output_width`) and otherwise at
 the agent's first call, before any action leaves it.
+
+The agents' constructors check their own arguments too: :func:`check_network`
+(a network where one is expected) and :func:`check_selector` (an epsilon passed
+where a Q-value agent's selector goes).
 """
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 from torch import nn
+
+from ptl_rl.core.schedules import LinearSchedule
 
 # what to use instead, per kind of action space, for the messages
 _AGENTS_FOR = {
@@ -123,6 +130,29 @@ def check_output_width(agent: str, width: int, space: spaces.Space, what: str = 
         f"{agent}'s network outputs {width} {what} per observation, but the env's action space is {space}, which "
         f"needs {expected}: {effect}. Build the network's last layer with {fix}"
     )
+
+
+def check_network(net: Any, agent: str) -> None:
+    """Raise TypeError if ``net``, the first argument of ``agent`` (its name), is not an ``nn.Module``."""
+    if not isinstance(net, nn.Module):
+        raise TypeError(f"{agent} needs a torch network (nn.Module) as its first argument, got {type(net).__name__}")
+
+
+def check_selector(selector: Any) -> None:
+    """A selector maps Q-values to actions; catch an epsilon value or schedule passed in its place."""
+    if selector is None:
+        return
+    if isinstance(selector, (LinearSchedule, numbers.Real)):
+        raise TypeError(
+            f"DQNAgent's second argument is the action selector (Q-values -> actions), got {selector!r}, which is "
+            "an epsilon value or schedule. Wrap it: DQNAgent(net, EpsilonGreedySelector(epsilon)), e.g. "
+            "EpsilonGreedySelector(LinearSchedule(1.0, 0.05, 10_000))"
+        )
+    if not callable(selector):
+        raise TypeError(
+            f"DQNAgent's selector must be callable as selector(q_values) -> actions, got {type(selector).__name__}; "
+            "use EpsilonGreedySelector(...) or ArgmaxSelector()"
+        )
 
 
 def _instead(space: spaces.Space) -> str:

@@ -1,6 +1,6 @@
 """Recurrent agents: a hidden state per sub-env, stored with each step, replayed as sequences (R2D2).
 
-Three pieces, each usable alone (see docs/design/recurrent.md):
+Two pieces, each usable alone (see docs/design/recurrent.md):
 
 * :class:`RecurrentCore`: an LSTM or GRU cell whose state is **one** float
   tensor ``[B, S]`` (LSTM: ``h`` and ``c`` side by side, ``S = 2H``; GRU:
@@ -12,9 +12,9 @@ Three pieces, each usable alone (see docs/design/recurrent.md):
   observation), which a :class:`~ptl_rl.replay.SequenceReplayBuffer` stores
   per step, so that ``batch.hidden[:, 0]`` is the state to start a window's
   burn-in from (R2D2's stored state).
-* :func:`sequence_nstep_targets`: n-step targets at every position of sampled
-  windows, from their 1-step ``reward``, ``discount``, ``terminated`` and
-  ``truncated`` fields (the field contract's target rule, applied k steps).
+
+The learner's n-step targets inside such windows are
+:func:`~ptl_rl.agents.recurrent_targets.sequence_nstep_targets`.
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from ptl_rl.agents.checks import check_output_width, scores_width
-from ptl_rl.core._trees import to_numpy, tree_leaves
-from ptl_rl.agents.policies import SelectorHooks, _check_selector, _DeviceOf, obs_to_tensor
+from ptl_rl.agents.checks import check_output_width, check_selector, scores_width
+from ptl_rl.agents.dqn import SelectorHooks
 from ptl_rl.agents.selectors import EpsilonGreedySelector
+from ptl_rl.agents.tensors import DeviceOf, obs_to_tensor
+from ptl_rl.core._trees import to_numpy, tree_leaves
 
-__all__ = ["PerEnvState", "RecurrentCore", "RecurrentDQNAgent", "RecurrentQNet", "sequence_nstep_targets"]
+__all__ = ["PerEnvState", "RecurrentCore", "RecurrentDQNAgent", "RecurrentQNet"]
 
 _KINDS = ("lstm", "gru")
 
@@ -255,11 +256,11 @@ class RecurrentDQNAgent(PerEnvState, SelectorHooks):
                 f"RecurrentDQNAgent needs a torch module with initial_state(n) and step(obs, state), got "
                 f"{type(net).__name__}; build it around ptl_rl.RecurrentCore (see the class's docs)"
             )
-        _check_selector(selector)
+        check_selector(selector)
         self.net = net
         self.selector = selector if selector is not None else EpsilonGreedySelector()
         self.state_field = str(state_field)
-        self._device = _DeviceOf(net)
+        self._device = DeviceOf(net)
         self._state: torch.Tensor | None = None  # [N, S]; None: zeros at the next call (for however many envs)
         self._num_actions: int | None = None
 
@@ -286,60 +287,3 @@ class RecurrentDQNAgent(PerEnvState, SelectorHooks):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self._state = None  # the restored source starts every episode afresh
-
-
-# ---------------------------------------------------------------------------- n-step targets in windows
-def sequence_nstep_targets(
-    reward: torch.Tensor,
-    discount: torch.Tensor,
-    terminated: torch.Tensor,
-    truncated: torch.Tensor,
-    mask: torch.Tensor,
-    next_values: torch.Tensor,
-    n: int,
-) -> torch.Tensor:
-    """n-step targets float [B, T] at every position of windows of 1-step transitions.
-
-    All inputs are [B, T] (a :class:`~ptl_rl.replay.SequenceReplayBuffer`
-    batch, time second); ``next_values[:, t]`` is the bootstrap value of
-    ``next_obs`` at position ``t``. From position ``t`` the walk sums up to
-    ``n`` rewards, multiplying a running discount by each step's ``discount``
-    field (never a gamma of its own), and stops after a step with
-    ``terminated`` or ``truncated`` or before a position whose ``mask`` is
-    False (the end of the window's real steps). The target is the sum plus
-    ``running discount * (1 - terminated) * next_values`` of the last step
-    summed: ``reward + discount * (1 - terminated) * V(next_obs)`` folded k
-    times, as ``NStepTransform`` folds it. Positions whose ``mask`` is False
-    get a target too; leave them out of the loss.
-    """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    shapes = {tuple(t.shape) for t in (reward, discount, terminated, truncated, mask, next_values)}
-    if len(shapes) != 1 or len(next(iter(shapes))) != 2:
-        raise ValueError(
-            f"reward, discount, terminated, truncated, mask and next_values must all be [B, T], got {shapes}"
-        )
-    length = reward.shape[1]
-    done = terminated.bool() | truncated.bool()
-    mask = mask.bool()
-    total = torch.zeros_like(next_values)
-    running = torch.ones_like(next_values)
-    positions = torch.arange(length, device=reward.device).expand_as(mask)
-    last = positions.clone()  # the last position summed: its next_values bootstraps
-    walking = mask.clone()
-    for k in range(min(n, length)):  # a loop over the n offsets, each vectorized over all windows and positions
-        at = _shift_left(mask, k, False) & walking
-        total = total + torch.where(at, running * _shift_left(reward, k, 0.0), 0.0)
-        running = torch.where(at, running * _shift_left(discount, k, 1.0), running)
-        last = torch.where(at, positions + k, last)
-        walking = at & ~_shift_left(done, k, True)
-    alive = 1.0 - terminated.float().gather(1, last)
-    return total + running * alive * next_values.gather(1, last)
-
-
-def _shift_left(x: torch.Tensor, k: int, fill: Any) -> torch.Tensor:
-    """``x[:, t + k]`` at position ``t`` (``fill`` past the end), for x [B, T]."""
-    if k == 0:
-        return x
-    pad = torch.full((x.shape[0], k), fill, dtype=x.dtype, device=x.device)
-    return torch.cat([x[:, k:], pad], dim=1)

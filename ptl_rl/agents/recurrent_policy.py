@@ -25,10 +25,11 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from ptl_rl.core._trees import to_numpy, tree_leaves, tree_map
-from ptl_rl.agents.policies import StochasticPolicyAgent, _is_tensor_tree, obs_to_tensor
 from ptl_rl.agents.distributions import ActionDistribution, Categorical, MultiCategorical
 from ptl_rl.agents.recurrent import PerEnvState
+from ptl_rl.agents.stochastic import StochasticPolicyAgent
+from ptl_rl.agents.tensors import is_tensor_tree, obs_to_tensor
+from ptl_rl.core._trees import to_numpy, tree_leaves, tree_map
 
 __all__ = ["RecurrentActorCritic", "RecurrentActorCriticAgent", "RecurrentActorCriticNet"]
 
@@ -100,7 +101,7 @@ class RecurrentActorCriticAgent(PerEnvState, StochasticPolicyAgent):
 
     ``agent(obs [N, ...])`` runs ``net.step(obs, state)`` with each env's state
     and returns ``(actions, extras)``: the actions as
-    :class:`~ptl_rl.agents.policies.StochasticPolicyAgent` samples them (Discrete,
+    :class:`~ptl_rl.agents.stochastic.StochasticPolicyAgent` samples them (Discrete,
     MultiDiscrete or 1-d Box), ``extras["log_prob"]`` and ``extras["value"]``
     (float32 [N]) and ``extras[state_field]`` float32 [N, S], the state each
     env acted **from**: a rollout's sequences start from it.
@@ -159,7 +160,7 @@ class RecurrentActorCriticAgent(PerEnvState, StochasticPolicyAgent):
         return out
 
     def _tensors(self, obs: Any) -> Any:
-        if isinstance(obs, torch.Tensor) or (isinstance(obs, dict) and _is_tensor_tree(obs)):
+        if isinstance(obs, torch.Tensor) or (isinstance(obs, dict) and is_tensor_tree(obs)):
             return obs
         return obs_to_tensor(obs, self._actor_device(), self._actor_device.float_dtype())
 

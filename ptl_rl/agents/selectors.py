@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.core.ranks import rank_seed
 from ptl_rl.core.schedules import LinearSchedule, Schedule, as_schedule
+from ptl_rl.core.versions import check_version, versioned
 
 __all__ = ["ArgmaxSelector", "EpsilonGreedySelector", "LinearSchedule", "Schedule"]
 
@@ -60,7 +60,7 @@ class EpsilonGreedySelector:
 
         The same draws as ``self(scores())``, in the same order, so the actions and the
         generator's state do not depend on which of the two was called. A
-        :class:`~ptl_rl.agents.policies.DQNAgent` calls this one, so a step on which every env
+        :class:`~ptl_rl.agents.dqn.DQNAgent` calls this one, so a step on which every env
         explores (most of them while epsilon is high) skips the network's forward pass.
         """
         if n == 1:  # scalar draws: the same stream as random(1) and integers(0, k, 1), at a quarter of the cost

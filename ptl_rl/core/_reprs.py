@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ptl_rl.core.protocols import Stage
+from ptl_rl.core.protocols import StageLike
 
 CHAIN_ARROW = " <- "
 
@@ -29,7 +29,7 @@ def stage_repr(stage: Any, *positional: Any, **counters: Any) -> str:
     parts = [_format(value) for value in positional]
     parts += [f"{key}={_format(value)}" for key, value in counters.items()]
     own = f"{type(stage).__name__}({', '.join(parts)})"
-    upstream = stage.upstream if isinstance(stage, Stage) else None
+    upstream = stage.upstream if isinstance(stage, StageLike) else None
     return own if upstream is None else own + CHAIN_ARROW + _upstream_repr(upstream)
 
 
@@ -47,7 +47,7 @@ def _upstream_repr(upstream: Any) -> str:
     text = repr(upstream)
     if not text.startswith("<"):
         return text
-    further = upstream.upstream if isinstance(upstream, Stage) else None
+    further = upstream.upstream if isinstance(upstream, StageLike) else None
     name = type(upstream).__name__
     return name if further is None else name + CHAIN_ARROW + _upstream_repr(further)
 

@@ -12,7 +12,6 @@ Core fields (the field contract, ``docs/contract.rst``): ``obs``, ``action``,
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable, Iterator, KeysView, Mapping, ValuesView
 from typing import Any
 
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 
 from ptl_rl.core._trees import tree_leaves, tree_map
-from ptl_rl.core.profiling import HOST_TO_DEVICE, SWITCH, perf_counter_ns
+from ptl_rl.core.clock import SETTINGS, StageClock, perf_counter_ns
 
 CORE_FIELDS = (
     "obs",
@@ -34,23 +33,18 @@ CORE_FIELDS = (
 )
 
 
-# id(indices tensor) -> (weak reference to it, the priority feedback of its batch). A Lightning precision plugin
-# ("bf16-true", "64-true") rebuilds a batch from its fields, which drops the batch's own link; integer tensors such
-# as ``indices`` pass through that rebuild unchanged, so the rebuilt batch finds its feedback here. An entry leaves
-# with its tensor. (Keyed by id: a WeakKeyDictionary would compare tensors with ==, which is elementwise.)
-_FEEDBACK_OF_INDICES: dict[int, tuple[weakref.ref, Any]] = {}
+# A Lightning precision plugin ("bf16-true", "64-true") rebuilds a batch from its fields, which drops the batch's
+# own link to its priority feedback; integer tensors such as ``indices`` pass through that rebuild as the same
+# objects, so the link rides on the ``indices`` tensor too, as an attribute, and leaves with it.
+_FEEDBACK_ATTRIBUTE = "_ptl_rl_priority_feedback"
 
 
 def _link_feedback(indices: torch.Tensor, feedback: Any) -> None:
-    key = id(indices)
-    if key not in _FEEDBACK_OF_INDICES:
-        weakref.finalize(indices, _FEEDBACK_OF_INDICES.pop, key, None)
-    _FEEDBACK_OF_INDICES[key] = (weakref.ref(indices), feedback)
+    setattr(indices, _FEEDBACK_ATTRIBUTE, feedback)
 
 
 def _linked_feedback(indices: torch.Tensor) -> Any:
-    entry = _FEEDBACK_OF_INDICES.get(id(indices))
-    return entry[1] if entry is not None and entry[0]() is indices else None
+    return getattr(indices, _FEEDBACK_ATTRIBUTE, None)
 
 
 class _FieldBatch:
@@ -269,7 +263,15 @@ class TorchBatch(_FieldBatch):
     Lightning moves it to the module's device by itself.
     """
 
-    __slots__ = ()
+    __slots__ = ("_transfer_clock",)
+
+    def __init__(self, fields: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(fields, **kwargs)
+        object.__setattr__(self, "_transfer_clock", None)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        object.__setattr__(self, "_transfer_clock", None)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> TorchBatch:
         """The batch with every tensor on ``device``: ``self`` when they all are already (Lightning's CPU case)."""
@@ -280,9 +282,15 @@ class TorchBatch(_FieldBatch):
         moved = TorchBatch(
             {k: tree_map(lambda t: t.to(device, non_blocking=non_blocking), v) for k, v in self._fields.items()}
         )
-        if SWITCH.on:  # the copy is queued (non_blocking) or done: what the host spends on it
-            HOST_TO_DEVICE.add(perf_counter_ns() - start, len(moved))
+        clock = self._transfer_clock
+        if clock is not None and SETTINGS.profiling:  # the copy is queued (non_blocking) or done: the host's part
+            clock.add(perf_counter_ns() - start, len(moved))
         return self._pass_feedback(moved)
+
+    def time_transfers(self, clock: StageClock) -> TorchBatch:
+        """Add the time of this batch's moves to another device (``to``) to ``clock``; returns the batch."""
+        object.__setattr__(self, "_transfer_clock", clock)
+        return self
 
     def rows(self, index: torch.Tensor | slice) -> TorchBatch:
         """A new batch with the rows ``index``."""

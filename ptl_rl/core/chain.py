@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from ptl_rl.core.protocols import EpisodeCounter, ReplayStage, Stage, Stateful
+from ptl_rl.core.protocols import EpisodeCounter, ReplayStage, StageLike, Stateful
+from ptl_rl.core.stage import Stage
 
 PIPELINE_STATE_VERSION = 1
 
@@ -18,7 +19,7 @@ StageT = TypeVar("StageT")
 def pipeline_stages(last: Any) -> list[Any]:
     """The stages of a pipeline, source first, found by following ``.upstream`` from ``last``.
 
-    Every :class:`~ptl_rl.core.protocols.Stage` is followed to its ``upstream``; an
+    Every :class:`~ptl_rl.core.protocols.StageLike` is followed to its ``upstream``; an
     upstream that is a plain iterator (a generator) ends the walk, as its
     first element. ``last`` may also be a DataLoader made by
     :func:`~ptl_rl.lightning.to_dataloader`.
@@ -28,7 +29,7 @@ def pipeline_stages(last: Any) -> list[Any]:
     stage = last
     while stage is not None:
         stages.append(stage)
-        stage = stage.upstream if isinstance(stage, Stage) else None
+        stage = stage.upstream if isinstance(stage, StageLike) else None
     return stages[::-1]
 
 
@@ -102,3 +103,5 @@ def load_pipeline_state_dict(last: Any, state: dict[str, Any]) -> None:
         )
     for key, stage in stages.items():
         stage.load_state_dict(saved[key])
+        if isinstance(stage, Stage):  # what a step cut before the restore began from is not put back over it
+            stage.state_replaced()

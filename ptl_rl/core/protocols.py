@@ -6,7 +6,7 @@ pipeline, checkpoints it, gives it a rank or stores into a buffer. Each
 concept has one required protocol and a few optional capabilities; an object
 that has a capability's members is treated as having it.
 
-* A **stage** (:class:`Stage`) is an iterator with an ``upstream`` attribute.
+* A **stage** (:class:`StageLike`) is an iterator with an ``upstream`` attribute.
   Optional: :class:`Stateful` (saved in checkpoints), :class:`RankAware`
   (DDP ranks), :class:`NumberedStream` and :class:`PerEnvStream` (stream
   facts that stages downstream rely on), :class:`EpisodeCounter` (stands in
@@ -28,8 +28,8 @@ without pulling torch in.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -37,9 +37,13 @@ if TYPE_CHECKING:
     import torch
 
     from ptl_rl.core.batch import TransitionBatch
+    from ptl_rl.core.clock import StageClock
     from ptl_rl.stages.source import Episode
 
 __all__ = [
+    "ActingStage",
+    "JournaledStorage",
+    "SyncedStatistics",
     "Agent",
     "ObsTree",
     "Critic",
@@ -54,15 +58,18 @@ __all__ = [
     "ReplayStage",
     "RollbackStorage",
     "Sampleable",
-    "Stage",
+    "StageLike",
     "Stateful",
     "Storage",
     "StreamBoundStorage",
+    "Timed",
     "TransitionCritic",
     "implements",
     "missing_members",
 ]
 
+
+T_co = TypeVar("T_co", covariant=True)
 
 #: A batch of observations: an array ``[N, *obs_shape]`` (numpy from a source; torch in a learner, from a
 #: :class:`~ptl_rl.core.batch.TorchBatch`), or a (nested) dict of such arrays, as a ``Dict`` observation space gives.
@@ -72,23 +79,31 @@ ObsTree: TypeAlias = "np.ndarray | torch.Tensor | Mapping[str, ObsTree]"
 
 # ---------------------------------------------------------------------------- stages
 @runtime_checkable
-class Stage(Protocol):
-    """A pipeline stage: an iterator over what it yields, which knows the stage it pulls from.
+class StageLike(Protocol[T_co]):
+    """What the chain walks: an iterator over what it yields, which knows the stage it pulls from.
 
     ``upstream`` is the previous stage (any iterator; ``None`` for a source,
     which pulls from nothing). :func:`~ptl_rl.core.chain.pipeline_stages`
     follows it to find every stage of a chain, so a stage of your own between
     two of ptl_rl's is checkpointed, given its rank and shown in the chain's
-    ``repr`` like theirs. A stage that yields
-    :class:`~ptl_rl.core.batch.TransitionBatch` es keeps the field contract (the
-    same field names, dtypes and meaning as its upstream's).
+    ``repr`` like theirs. Subclass :class:`ptl_rl.Stage` to write one: it
+    implements this protocol and adds the interrupt and stream guarantees. A
+    stage that yields :class:`~ptl_rl.core.batch.TransitionBatch` es keeps the
+    field contract (the same field names, dtypes and meaning as its upstream's).
     """
 
-    upstream: Any
+    upstream: Iterator[Any] | None
 
-    def __iter__(self) -> Iterator[Any]: ...
+    def __iter__(self) -> Iterator[T_co]: ...
 
-    def __next__(self) -> Any: ...
+    def __next__(self) -> T_co: ...
+
+
+@runtime_checkable
+class Timed(Protocol):
+    """A stage that keeps time (``clock``, a :class:`~ptl_rl.core.clock.StageClock`) for :func:`ptl_rl.profile`."""
+
+    clock: StageClock
 
 
 @runtime_checkable
@@ -148,6 +163,29 @@ class PerEnvStream(Protocol):
     """
 
     one_row_per_env: bool
+
+
+@runtime_checkable
+class ActingStage(Protocol):
+    """A stage that steps envs with an agent: an ExperienceSource (or a stage standing in for one).
+
+    ``agent`` acts on ``observation_transform(obs)`` (the env's own observations when it is ``None``, e.g.
+    an :class:`~ptl_rl.ObservationNormalizer` handed to the source) for its ``num_envs`` sub-envs. Stages
+    downstream read these, never write them: a :class:`~ptl_rl.RolloutBuffer` bootstraps from the agent's
+    critic, :class:`~ptl_rl.NormalizeObservations` updates the normalizer the source shows its agent.
+    """
+
+    agent: Any
+    observation_transform: Callable[[Any], Any] | None
+    num_envs: int
+
+
+@runtime_checkable
+class SyncedStatistics(Protocol):
+    """A stage whose running statistics are merged across DDP ranks: ``sync()`` (collective) returns whether
+    a merge happened. :func:`ptl_rl.stages.normalize.sync_statistics` calls it on every such stage."""
+
+    def sync(self) -> bool: ...
 
 
 @runtime_checkable
@@ -249,6 +287,18 @@ class RollbackStorage(Protocol):
     def snapshot(self) -> Any: ...
 
     def restore(self, snapshot: Any) -> None: ...
+
+
+@runtime_checkable
+class JournaledStorage(Protocol):
+    """A storage whose ``add`` is safe against cuts by itself (a FrameStorage, whose compiled insert commits whole).
+
+    A buffer adds to it directly instead of journaling the add (see
+    :class:`~ptl_rl.core.guard.WriteJournal`), and calls ``settle()`` before
+    every read: it finishes an add a cut left half done (a no-op when none is).
+    """
+
+    def settle(self) -> None: ...
 
 
 @runtime_checkable

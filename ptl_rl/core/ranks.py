@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch.distributed as dist
 
-from ptl_rl.core.protocols import RankAware
 from ptl_rl.core.chain import pipeline_stages
+from ptl_rl.core.protocols import RankAware
 
 
 def rank_seed(seed: int | None, rank: int) -> int | None:

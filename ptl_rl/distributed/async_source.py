@@ -10,33 +10,29 @@ The child process calls ``factory(WorkerInfo)`` to build its env, agent,
 process boundary. Batches come back through a bounded queue (pickled numpy
 arrays), weights go the other way through one shared-memory copy of the
 policy's ``state_dict`` guarded by a lock, with a version counter beside it.
+
+This module is the learner's side; what runs in the child and the messages it
+sends are in :mod:`ptl_rl.distributed.collector_process`, the shared weights in
+:mod:`ptl_rl.distributed.shared_weights`, starting and stopping processes in
+:mod:`ptl_rl.distributed.process_control`.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import functools
-import multiprocessing
-import pickle
 import queue
-import signal
-import sys
-import time
-import traceback
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
 
 from ptl_rl.core._reprs import stage_repr
-from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.core.batch import TransitionBatch
+from ptl_rl.core.ranks import distributed_rank
+from ptl_rl.core.versions import check_version, versioned
+from ptl_rl.distributed.collector_process import POLL_S, collector_main
 from ptl_rl.distributed.common import (
     VERSION_FIELD,
-    BuiltCollector,
     EpisodeCounters,
     Factory,
     RemoteEpisodes,
@@ -45,164 +41,13 @@ from ptl_rl.distributed.common import (
     weights_of,
     worker_rank,
 )
-from ptl_rl.distributed.shm_ring import RingReader, RingWriter
-from ptl_rl.core.ranks import distributed_rank
-
-_POLL_S = 0.1  # how often a blocked side looks at the other one (stop flag, parent alive, child alive)
+from ptl_rl.distributed.process_control import LIVE, check_importable, context, describe_exit, stop_process
+from ptl_rl.distributed.shared_weights import SharedWeights
+from ptl_rl.distributed.shm_ring import RingReader
 
 
 class CollectorError(RuntimeError):
     """The collector (a background process or a remote worker) failed; the message holds its traceback."""
-
-
-# ---------------------------------------------------------------------------- child side
-def _learner_alive() -> bool:
-    # the learner is not the OS parent under forkserver; multiprocessing's parent sentinel works for both methods
-    parent = multiprocessing.parent_process()
-    return parent is None or parent.is_alive()
-
-
-def _put(data_q: Any, message: tuple, stop: Any) -> bool:
-    """Put ``message``, waiting while the queue is full; ``False`` when told to stop or orphaned."""
-    while not stop.is_set() and _learner_alive():
-        try:
-            data_q.put(message, timeout=_POLL_S)
-            return True
-        except queue.Full:
-            continue
-    return False
-
-
-def _collector_main(
-    factory: Factory,
-    info: WorkerInfo,
-    data_q: Any,
-    stop: Any,
-    weights: dict[str, torch.Tensor] | None,
-    version: Any,
-    lock: Any,
-    counters: tuple[int, int] | None,
-    steps_per_message: int = 1,
-    ring: tuple[torch.Tensor, Any] | None = None,
-) -> None:
-    """Body of the collector process: build, then step and send until told to stop or the parent is gone."""
-    # Ctrl-C in a terminal reaches the whole process group: the learner decides when the collector stops
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch.set_num_threads(1)  # the learner owns the cores for its gradient steps
-    error_sent = False
-
-    def keep_going() -> bool:
-        return not stop.is_set() and _learner_alive()
-
-    try:
-        writer = RingWriter(*ring) if ring is not None else None
-        collector = BuiltCollector(factory, info)
-        if counters is not None:
-            collector.restore_counters(*counters)
-        last_steps = collector.source.total_steps
-        while not stop.is_set() and _learner_alive():
-            batches, episodes = [], []
-            for _ in range(steps_per_message):
-                if weights is not None and version.value != collector.version:
-                    with lock:  # the learner writes these tensors in place under the same lock
-                        collector.set_weights(version.value, weights)
-                elif weights is None and collector.version < 0:
-                    collector.set_weights(0, None)
-                batch, steps, ended = collector.next_batch()
-                batches.append(batch)
-                episodes += ended
-            # one message per steps_per_message batches: the queue's fixed cost (pickle, pipe write, the
-            # learner's wake-up and unpickle) is paid once for all of them
-            batch = TransitionBatch.concat(batches)
-            # large arrays go through shared memory, the queue carries where they are; None: told to stop
-            message = batch if writer is None else writer.pack(batch, keep_going)
-            if message is None:
-                break
-            if not _put(data_q, ("batch", message, steps - last_steps, episodes), stop):
-                break
-            last_steps = steps
-    except BaseException as exc:  # noqa: BLE001 - everything is reported to the learner, which raises it
-        error_sent = _put(data_q, ("error", type(exc).__name__, str(exc), traceback.format_exc()), stop)
-    if error_sent:  # the learner is reading: wait until the queue's feeder thread has really sent the error
-        data_q.close()
-        data_q.join_thread()
-    else:  # exiting must never wait for a learner that stopped reading
-        data_q.cancel_join_thread()
-
-
-# ---------------------------------------------------------------------------- learner side
-_LIVE: weakref.WeakSet = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all() -> None:
-    # registered after multiprocessing's own exit hook, so it runs first: children are stopped, not waited for
-    for source in list(_LIVE):
-        source.close()
-
-
-def _stop_process(proc: Any, stop: Any, data_q: Any, timeout: float = 5.0) -> None:
-    """Stop a collector process for sure: ask, drain its queue so it is not stuck writing, then terminate, kill."""
-    stop.set()
-    deadline = time.monotonic() + timeout
-    while proc.is_alive() and time.monotonic() < deadline:
-        try:
-            data_q.get(timeout=0.05)
-        except (queue.Empty, OSError, EOFError, ValueError):
-            proc.join(0.05)
-    if proc.is_alive():
-        proc.terminate()
-        proc.join(2.0)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
-    with contextlib.suppress(Exception):
-        data_q.close()
-        data_q.cancel_join_thread()
-
-
-_PRELOAD = ["ptl_rl.distributed.async_source"]  # what a forkserver imports once for all its children
-
-
-def _context(start_method: str | None) -> Any:
-    methods = mp.get_all_start_methods()
-    if start_method is None:
-        start_method = "forkserver" if "forkserver" in methods else "spawn"
-    if start_method not in ("forkserver", "spawn") or start_method not in methods:
-        raise ValueError(
-            f"start_method must be 'forkserver' or 'spawn' (available here: {methods}), got {start_method!r}; "
-            "'fork' would copy the learner's threads and CUDA state into the collector"
-        )
-    ctx = mp.get_context(start_method)
-    if start_method == "forkserver":
-        ctx.set_forkserver_preload(_PRELOAD)  # takes effect when the server starts (at the first collector)
-    return ctx
-
-
-def _check_importable(factory: Factory) -> None:
-    """Raise, naming the fix, for a factory the collector process could not import (checked before it starts)."""
-    try:
-        pickle.dumps(factory)
-    except Exception as error:  # noqa: BLE001 - pickle raises several types (PicklingError, AttributeError, ...)
-        raise TypeError(
-            f"the factory {factory!r} cannot be sent to the collector process ({type(error).__name__}: {error}). "
-            "Pass a module-level function or a functools.partial of one, not a lambda or a nested function."
-        ) from error
-    func = factory.func if isinstance(factory, functools.partial) else factory
-    main = sys.modules.get("__main__")
-    if getattr(func, "__module__", None) == "__main__" and not hasattr(main, "__file__"):
-        raise TypeError(
-            f"the factory {getattr(func, '__qualname__', func)!r} is defined in a notebook or an interactive "
-            "session, which the collector process cannot import (it starts a fresh interpreter and imports the "
-            "factory by name). Put it in a .py file next to the notebook and import it from there."
-        )
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is not None and code < 0:
-        with contextlib.suppress(ValueError):
-            return f"was killed by signal {signal.Signals(-code).name}"
-    return f"exited with code {code}"
 
 
 class AsyncSource(RemoteEpisodes):
@@ -281,7 +126,7 @@ class AsyncSource(RemoteEpisodes):
             raise TypeError(
                 f"factory must be callable as factory(WorkerInfo) -> Collector, got {type(factory).__name__}"
             )
-        _check_importable(factory)
+        check_importable(factory)
         if queue_size < 1:
             raise ValueError(f"queue_size must be >= 1, got {queue_size}")
         if steps_per_message < 1:
@@ -302,14 +147,11 @@ class AsyncSource(RemoteEpisodes):
         self.rank = 0
         self.incarnation = 0  # processes started so far
         self._restore_counters = False
-        self._ctx = _context(start_method)
+        self._ctx = context(start_method)
         self._proc: Any = None
         self._data_q: Any = None
         self._stop: Any = None
-        self._weights: dict[str, torch.Tensor] | None = None
-        self._version_value: Any = None
-        self._lock: Any = None
-        self._published: int | None = None  # the version whose weights the shared copy holds
+        self._shared = SharedWeights(self._ctx)  # the weights the collector acts with, and their version
         self._first_batch_seen = False
         self._stashed: tuple | None = None  # a message read while checking on a collector that had exited
 
@@ -338,10 +180,10 @@ class AsyncSource(RemoteEpisodes):
             num_workers=world_size,
         )
         if self.policy is not None:
-            self._share_weights()
-            # a lock per process: one killed while copying the weights would leave its lock held for good
-            self._lock = self._ctx.Lock()
-            if self._published != self.version:  # version 0, or a restored one: the module's weights as they are now
+            self._shared.allocate(self.policy, self.version)
+            self._shared.new_lock()
+            # version 0, or a restored one: the module's weights as they are now
+            if self._shared.published != self.version:
                 self._write_weights(weights_of(self.policy), self.version)
         counters = (self.counters.total_steps, self.counters.episodes_finished) if self._restore_counters else None
         if self.shared_memory_mb is not None:
@@ -353,15 +195,15 @@ class AsyncSource(RemoteEpisodes):
         self._data_q = self._ctx.Queue(maxsize=self.queue_size)
         self._stop = self._ctx.Event()
         self._proc = self._ctx.Process(
-            target=_collector_main,
+            target=collector_main,
             args=(
                 self.factory,
                 info,
                 self._data_q,
                 self._stop,
-                self._weights,
-                self._version_value,
-                self._lock,
+                self._shared.tensors,
+                self._shared.version_value,
+                self._shared.lock,
                 counters,
                 self.steps_per_message,
                 self._ring,
@@ -378,14 +220,14 @@ class AsyncSource(RemoteEpisodes):
         self.incarnation += 1
         self._restore_counters = True  # a later process continues these counters
         self._first_batch_seen = False
-        _LIVE.add(self)
+        LIVE.add(self)
 
     def close(self) -> None:
         """Stop the collector process (ask, then terminate, then kill); a later ``next()`` starts a new one."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            _stop_process(proc, self._stop, self._data_q)
-        _LIVE.discard(self)
+            stop_process(proc, self._stop, self._data_q)
+        LIVE.discard(self)
 
     def __enter__(self) -> AsyncSource:
         return self
@@ -415,50 +257,17 @@ class AsyncSource(RemoteEpisodes):
         """
         if self.policy is None:
             raise RuntimeError("this AsyncSource has no policy to push; pass AsyncSource(factory, policy=module)")
-        self._share_weights()
+        self._shared.allocate(self.policy, self.version)
         state = state_dict if state_dict is not None else self.policy.state_dict()
-        self._check_fits(state)
+        self._shared.check_fits(state)
         self.version += 1
         self._write_weights(state, self.version)
         return self.version
 
-    def _share_weights(self) -> None:
-        """Allocate the shared copy of the weights once: written in place at every push, so no queue of weight
-        snapshots grows behind a slow child."""
-        if self._weights is None:
-            self._weights = {k: v.clone().share_memory_() for k, v in weights_of(self.policy).items()}
-            self._version_value = self._ctx.Value("q", self.version, lock=False)
-
-    def _check_fits(self, state: Mapping[str, torch.Tensor]) -> None:
-        assert self._weights is not None
-        missing = sorted(set(self._weights) - set(state))
-        wrong = [k for k in self._weights if k in state and tuple(state[k].shape) != tuple(self._weights[k].shape)]
-        if missing or wrong:
-            raise ValueError(
-                f"the pushed weights do not fit the policy (missing {missing}, other shapes for {wrong}); "
-                "push a state_dict() of the policy module given to AsyncSource(policy=...), or None for its own"
-            )
-
     def _write_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        assert self._weights is not None
-        if not self.running:  # no reader: nothing to wait for (a dead collector may even have left the lock held)
-            self._copy_weights(state_dict, version)
-            return
-        if not self._lock.acquire(timeout=10.0):
+        if not self._shared.write(state_dict, version, reader_running=self.running):
             self._raise_if_dead()
             raise CollectorError("the collector holds the weights lock for more than 10 s; it is stuck")
-        try:
-            self._copy_weights(state_dict, version)
-        finally:
-            self._lock.release()
-
-    def _copy_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        assert self._weights is not None
-        with torch.no_grad():
-            for name, tensor in self._weights.items():
-                tensor.copy_(state_dict[name])
-        self._version_value.value = int(version)
-        self._published = int(version)
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> AsyncSource:
@@ -495,13 +304,13 @@ class AsyncSource(RemoteEpisodes):
                 message, self._stashed = self._stashed, None
                 return message
             try:
-                message = self._data_q.get(timeout=_POLL_S)
+                message = self._data_q.get(timeout=POLL_S)
                 self._first_batch_seen = True
                 return message
             except queue.Empty:
-                waited += _POLL_S
+                waited += POLL_S
             except (EOFError, OSError):  # the collector is gone, maybe in the middle of a message
-                self._proc.join(_POLL_S)
+                self._proc.join(POLL_S)
             self._raise_if_dead()
             if not self._first_batch_seen and waited > self.start_timeout:
                 self.close()
@@ -517,7 +326,7 @@ class AsyncSource(RemoteEpisodes):
         # it may have sent an error (or a last batch) just before exiting: read it first; the next look finds the
         # process dead and the queue empty (or a message cut short by its death: an end of file)
         with contextlib.suppress(queue.Empty, EOFError, OSError):
-            self._stashed = self._data_q.get(timeout=_POLL_S)
+            self._stashed = self._data_q.get(timeout=POLL_S)
             return
         started = self._first_batch_seen
         self.close()
@@ -528,7 +337,7 @@ class AsyncSource(RemoteEpisodes):
             "`if __name__ == '__main__':` around its top-level code"
         )
         raise CollectorError(
-            f"the collector process (pid {proc.pid}) {_describe_exit(proc.exitcode)} without reporting an error "
+            f"the collector process (pid {proc.pid}) {describe_exit(proc.exitcode)} without reporting an error "
             f"({hint}). Call next() again to start a new one."
         )
 
@@ -565,7 +374,8 @@ class AsyncSource(RemoteEpisodes):
         self.counters.load_state_dict(state["counters"])
         self.staleness.load_state_dict(state["staleness"])
         self._restore_counters = True
-        self._published = None  # the restored version acts with the module's (restored) weights at the next start
+        # the restored version acts with the module's (restored) weights at the next start
+        self._shared.published = None
 
     def __repr__(self) -> str:
         name = getattr(self.factory, "__name__", type(self.factory).__name__)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ptl_rl.lightning._compat import Callback
 from ptl_rl.core.chain import pipeline_stages
+from ptl_rl.lightning._compat import Callback
 
 
 def find_collecting_stage(pipeline: Any) -> Any:

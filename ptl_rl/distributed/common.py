@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from ptl_rl.core.batch import TransitionBatch
-from ptl_rl.stages.source import Episode, ExperienceSource
 from ptl_rl.core.chain import pipeline_stages
+from ptl_rl.stages.source import Episode, ExperienceSource
 
 VERSION_FIELD = "policy_version"
 

@@ -19,8 +19,9 @@ from typing import Any
 import torch
 
 from ptl_rl.core._reprs import stage_repr
-from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.core.batch import TransitionBatch
+from ptl_rl.core.ranks import distributed_rank
+from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.distributed.async_source import CollectorError
 from ptl_rl.distributed.common import (
     BuiltCollector,
@@ -32,7 +33,6 @@ from ptl_rl.distributed.common import (
     weights_of,
     worker_rank,
 )
-from ptl_rl.core.ranks import distributed_rank
 from ptl_rl.stages.source import Episode
 
 

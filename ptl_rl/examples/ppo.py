@@ -260,12 +260,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model = PPO(obs_dim, env.single_action_space, args, num_rollouts)
 
     # ExperienceSource [-> NormalizeObservations -> ScaleRewards] -> RolloutBuffer: T steps per env, GAE, K epochs
-    source = ptl_rl.ExperienceSource(env, model.agent, gamma=args.gamma, seed=args.seed)
+    # the agent, the rollout and the evaluations all see observations normalized alike
+    obs_norm = ptl_rl.ObservationNormalizer(clip=args.obs_clip or None) if args.norm_obs else None
+    source = ptl_rl.ExperienceSource(env, model.agent, gamma=args.gamma, seed=args.seed, observation_transform=obs_norm)
     stage: Any = source
-    obs_norm = None
-    if args.norm_obs:  # the agent, the rollout and the evaluations all see observations normalized alike
-        stage = ptl_rl.NormalizeObservations(stage, clip=args.obs_clip or None)
-        obs_norm = stage.normalizer
+    if obs_norm is not None:
+        stage = ptl_rl.NormalizeObservations(stage, obs_norm)
     if args.norm_reward:
         stage = ptl_rl.ScaleRewards(stage, gamma=args.gamma, clip=args.reward_clip or None)
     rollout = ptl_rl.RolloutBuffer(

@@ -17,6 +17,7 @@ checked by ``tests/unit/test_import_layers.py``):
 Everything public is importable from here and from ``ptl_rl``.
 """
 
+from ptl_rl.core.chain import find_stage, load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
 from ptl_rl.lightning.adapter import BatchGroup, PipelineDataset, PipelineLoader, to_dataloader
 from ptl_rl.lightning.callbacks import (
     EnvStepLimit,
@@ -28,7 +29,6 @@ from ptl_rl.lightning.callbacks import (
 from ptl_rl.lightning.checkpoint import CHECKPOINT_KEY, PipelineCheckpoint
 from ptl_rl.lightning.datamodule import RLDataModule
 from ptl_rl.lightning.validation import EvaluationMixin
-from ptl_rl.core.chain import find_stage, load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
 
 __all__ = [
     "CHECKPOINT_KEY",

@@ -14,13 +14,13 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from ptl_rl.core.batch import TransitionBatch
+from ptl_rl.core.chain import holds_replay
+from ptl_rl.core.protocols import OnPolicyStage
+from ptl_rl.core.ranks import assign_rank, distributed_rank
 from ptl_rl.lightning.checkpoint import is_checkpointed, note_checkpointed
 from ptl_rl.lightning.stops import stop_known
 from ptl_rl.stages.nstep import NStepTransform
-from ptl_rl.core.protocols import OnPolicyStage
-from ptl_rl.core.ranks import assign_rank, distributed_rank
 from ptl_rl.stages.source import ExperienceSource
-from ptl_rl.core.chain import holds_replay
 
 __all__ = ["BatchGroup", "PipelineDataset", "PipelineLoader", "check_last_stage", "to_dataloader"]
 

@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
+from ptl_rl.core.chain import find_episode_source
+from ptl_rl.core.profile import PipelineProfile, profile
+from ptl_rl.core.protocols import Agent, EpisodeCounter
+from ptl_rl.core.ranks import rank_seed
 from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.evaluation import evaluate
 from ptl_rl.lightning.stops import EnvStepLimit, PipelineCallback, global_env_steps
 from ptl_rl.stages.normalize import sync_statistics
-from ptl_rl.core.profiling import PipelineProfile, profile
-from ptl_rl.core.protocols import Agent, EpisodeCounter
-from ptl_rl.core.ranks import rank_seed
-from ptl_rl.core.chain import find_episode_source
 
 __all__ = ["EnvStepLimit", "EpisodeStatsLogger", "NormalizationSync", "PeriodicEvaluation", "PipelineProfiler"]
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ptl_rl.core.chain import load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
+from ptl_rl.core.ranks import assign_rank
 from ptl_rl.lightning._compat import Callback
 from ptl_rl.lightning.stops import note_trainer_limits
 from ptl_rl.stages.normalize import sync_statistics
-from ptl_rl.core.ranks import assign_rank
-from ptl_rl.core.chain import load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
 
 __all__ = ["CHECKPOINT_KEY", "PipelineCheckpoint", "is_checkpointed", "last_stage_of", "note_checkpointed"]
 

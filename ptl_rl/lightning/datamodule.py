@@ -6,12 +6,12 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from ptl_rl.core.chain import load_pipeline_state_dict
 from ptl_rl.evaluation import evaluation_dataloader
 from ptl_rl.lightning._compat import DataModule
 from ptl_rl.lightning.adapter import PipelineLoader, check_last_stage, to_dataloader
 from ptl_rl.lightning.checkpoint import PipelineCheckpoint, last_stage_of
 from ptl_rl.lightning.stops import trainer_has_step_limit
-from ptl_rl.core.chain import load_pipeline_state_dict
 
 __all__ = ["RLDataModule"]
 
@@ -20,7 +20,7 @@ class RLDataModule(DataModule):
     """A DataModule over a pipeline whose state travels in Lightning checkpoints.
 
     Args:
-        pipeline: the last stage (a :class:`~ptl_rl.stages.sampler.BatchSampler` or a
+        pipeline: the last stage (a :class:`~ptl_rl.replay.sampler.BatchSampler` or a
             :class:`~ptl_rl.replay.RolloutBuffer`).
         steps_per_epoch: batches per Lightning epoch (``None``: one endless
             epoch, or one epoch per rollout for a RolloutBuffer).

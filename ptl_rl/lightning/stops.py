@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from ptl_rl.lightning._compat import Callback
-from ptl_rl.core.protocols import EpisodeCounter
 from ptl_rl.core.chain import find_episode_source, pipeline_stages
+from ptl_rl.core.protocols import EpisodeCounter
+from ptl_rl.lightning._compat import Callback
 
 __all__ = ["EnvStepLimit", "PipelineCallback", "note_trainer_limits", "stop_known", "trainer_has_step_limit"]
 

@@ -17,12 +17,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from ptl_rl.core.chain import find_episode_source
+from ptl_rl.core.protocols import Agent, EpisodeCounter
 from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.evaluation import run_episodes
 from ptl_rl.lightning._compat import LIGHTNING_PACKAGES
 from ptl_rl.lightning.stops import PipelineCallback, global_env_steps
-from ptl_rl.core.protocols import Agent, EpisodeCounter
-from ptl_rl.core.chain import find_episode_source
 from ptl_rl.video import (
     VIDEO_FORMATS,
     add_tensorboard_video,

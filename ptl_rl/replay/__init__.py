@@ -1,5 +1,6 @@
 """Replay storage and buffers."""
 
+from ptl_rl.replay.buffer import ReplayBuffer
 from ptl_rl.replay.draws import PriorityDraws, SlotDraws
 from ptl_rl.replay.episodes import EpisodeIndex
 from ptl_rl.replay.frames import FrameStorage
@@ -8,7 +9,6 @@ from ptl_rl.replay.indexed import IndexedReplayBuffer
 from ptl_rl.replay.memmap import MemmapStorage
 from ptl_rl.replay.persist import load_buffer, save_buffer
 from ptl_rl.replay.prioritized import PrioritizedReplayBuffer, PriorityFeedback
-from ptl_rl.replay.buffer import ReplayBuffer
 from ptl_rl.replay.rollout import RolloutBuffer
 from ptl_rl.replay.sequence import SequenceReplayBuffer
 from ptl_rl.replay.shuffle import ShuffledPasses

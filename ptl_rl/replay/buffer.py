@@ -8,14 +8,11 @@ from typing import Any, cast
 import numpy as np
 
 from ptl_rl.core._reprs import stage_repr
-from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.core.batch import TransitionBatch
-from ptl_rl.replay.draws import redraw_unsampleable
-from ptl_rl.replay.shuffle import ShuffledPasses
-from ptl_rl.replay.storage import ArrayStorage
-from ptl_rl.replay.unfinished import UnfinishedAdd
-from ptl_rl.core.profiling import SWITCH, StageClock, perf_counter_ns
+from ptl_rl.core.clock import SETTINGS, StageClock, perf_counter_ns
+from ptl_rl.core.guard import WriteJournal
 from ptl_rl.core.protocols import (
+    JournaledStorage,
     NumberedStream,
     PartlySampleableStorage,
     RollbackStorage,
@@ -25,13 +22,18 @@ from ptl_rl.core.protocols import (
     missing_members,
 )
 from ptl_rl.core.ranks import rank_seed
+from ptl_rl.core.stage import Stage
+from ptl_rl.core.versions import check_version, versioned
+from ptl_rl.replay.draws import redraw_unsampleable
+from ptl_rl.replay.shuffle import ShuffledPasses
+from ptl_rl.replay.storage import ArrayStorage
 
 
-class ReplayBuffer:
+class ReplayBuffer(Stage["ReplayBuffer"]):
     """Uniform replay over a preallocated ring of transitions.
 
     As a pipeline stage, each ``next()`` yields the buffer itself, for a
-    :class:`~ptl_rl.stages.sampler.BatchSampler` to draw from, after collecting on
+    :class:`~ptl_rl.replay.sampler.BatchSampler` to draw from, after collecting on
     average ``transitions_per_yield`` transitions from ``upstream``: pulled
     transitions are credited, and each yield spends ``transitions_per_yield``
     of the credit. So with 8 envs (8 transitions per pull) and
@@ -59,9 +61,18 @@ class ReplayBuffer:
         storage: ``capacity -> storage`` to store transitions in something other
             than an :class:`~ptl_rl.replay.ArrayStorage`, e.g.
             ``functools.partial(FrameStorage, stack_axis=0)`` for pixel
-            observations (every frame stored once). A storage with a
-            ``sampleable(slots)`` method is only sampled where it says so
-            (passes without replacement skip the other slots).
+            observations (every frame stored once). Any object with the
+            members of :class:`~ptl_rl.core.protocols.Storage` works; one that
+            is also a :class:`~ptl_rl.core.protocols.PartlySampleableStorage`
+            is only sampled where it says so.
+
+    Interrupts: every add is a write of the guard (:class:`~ptl_rl.core.guard.WriteJournal`):
+    an add cut short, between two fields of a row or anywhere else, is
+    written again in full before the buffer is read or written again, and a
+    batch the storage refuses (``ValueError``/``TypeError``: a wrong shape or
+    dtype) leaves the buffer as it was. A storage that journals its own adds
+    (:class:`~ptl_rl.core.protocols.JournaledStorage`, e.g. a FrameStorage)
+    is trusted to do so.
 
     Examples:
         >>> import gymnasium as gym
@@ -97,6 +108,7 @@ class ReplayBuffer:
         replacement: bool = True,
         storage: Callable[[int], Storage] | None = None,
     ) -> None:
+        super().__init__(upstream)
         self.storage: Storage = _checked_storage(ArrayStorage(capacity) if storage is None else storage(capacity))
         # what the storage can do beyond the Storage protocol, looked up once (ptl_rl.core.protocols)
         self._stream_bound = isinstance(self.storage, StreamBoundStorage)
@@ -113,7 +125,6 @@ class ReplayBuffer:
             )
         if transitions_per_yield < 1:
             raise ValueError(f"transitions_per_yield must be >= 1, got {transitions_per_yield}")
-        self.upstream = upstream
         self.capacity = self.storage.capacity
         self.warmup = int(warmup)
         self.transitions_per_yield = int(transitions_per_yield)
@@ -123,12 +134,11 @@ class ReplayBuffer:
         self.replacement = bool(replacement)
         self.passes = ShuffledPasses()  # the order of sampling without replacement
         self._credit = 0  # transitions collected but not yet spent on a yield
-        # the record of an add under way: not done on entry means the previous add was interrupted,
-        # possibly between two fields of a row (see add and UnfinishedAdd); one record, rewritten by each add
-        self._unfinished_add = UnfinishedAdd()
-        # `storage.try_atomic_add(batch, record)` (FrameStorage's compiled insert): the batch stored and the record
-        # marked done in one commit, or None and nothing changed; no snapshot is taken then
-        self._atomic_add = getattr(self.storage, "try_atomic_add", None)
+        self._added = 0  # transitions added by this stage's pulls (its clock's items)
+        self._counted = 0
+        # adds are writes of the guard: one cut short is written again in full before the next read or write
+        self._journal = WriteJournal(self._save_written, self._restore_written)
+        self._self_journaled = isinstance(self.storage, JournaledStorage)
         # time accounting (ptl_rl.profile): the stage's own time is the credit loop; add() is its part
         self._insert_clock = StageClock("insert", "transitions")
         self.clock = StageClock("replay", "transitions", (self._insert_clock,))
@@ -143,20 +153,10 @@ class ReplayBuffer:
             self.rng = np.random.default_rng(rank_seed(self.seed, self.rank))
 
     # ------------------------------------------------------------------ stage
-    def __iter__(self) -> ReplayBuffer:
-        return self
-
-    def __next__(self) -> ReplayBuffer:
+    def step(self) -> ReplayBuffer:
+        """Pull until ``transitions_per_yield`` more transitions are credited (and ``warmup`` stored); yield self."""
         if self.upstream is None:
             raise TypeError("this ReplayBuffer has no upstream to pull from; use add() and sample()")
-        if not SWITCH.on:
-            return self._next()
-        start, added = perf_counter_ns(), self._insert_clock.items
-        out = self._next()
-        self.clock.add(perf_counter_ns() - start, self._insert_clock.items - added)
-        return out
-
-    def _next(self) -> ReplayBuffer:
         warming_up = len(self) < self.warmup
         while len(self) < self.warmup or self._credit < self.transitions_per_yield:
             self._credit += len(self._pull())
@@ -165,21 +165,33 @@ class ReplayBuffer:
         self._credit -= self.transitions_per_yield
         return self
 
+    def snapshot(self) -> object:
+        return self._credit  # the rows added by a step cut short stay: each add is a write of its own
+
+    def restore(self, snapshot: Any) -> None:
+        self._credit = int(snapshot)
+
+    def count(self, out: Any) -> int:
+        """Transitions added since the last count (the clock's items)."""
+        added, self._counted = self._added - self._counted, self._added
+        return added
+
     def _pull(self) -> np.ndarray:
         """Add the upstream's next batch; returns its slots."""
-        batch = next(cast(Iterator[TransitionBatch], self.upstream))  # (__next__ refused a buffer without one)
-        if self._stream_bound:  # (the number as of the pull: an interrupted add is redone after the next pull)
+        batch = self.pull()
+        if self._stream_bound:  # (the number as of the pull)
             cast(StreamBoundStorage, self.storage).note_stream_seq(batch, self._upstream_stream_seq())
-        if not SWITCH.on:
-            return self._add_pulled(batch)
-        # timed here, not in add(): a standalone add() (offline filling, the add benchmark) pays nothing for it
-        start = perf_counter_ns()
-        slots = self._add_pulled(batch)
-        self._insert_clock.add(perf_counter_ns() - start, len(slots))
+        if not SETTINGS.profiling:
+            slots = self._add_pulled(batch)
+        else:  # timed here, not in add(): a standalone add() (offline filling, the add benchmark) pays nothing for it
+            start = perf_counter_ns()
+            slots = self._add_pulled(batch)
+            self._insert_clock.add(perf_counter_ns() - start, len(slots))
+        self._added += len(slots)
         return slots
 
     def _upstream_stream_seq(self) -> int | None:
-        """The upstream's :class:`~ptl_rl.core.protocols.NumberedStream` number of its last batch (``None``: unnumbered)."""
+        """The upstream's number of its last batch (``None``: an unnumbered upstream)."""
         return cast(NumberedStream, self.upstream).stream_seq if self._upstream_numbered else None
 
     def _add_pulled(self, batch: TransitionBatch) -> np.ndarray:
@@ -190,64 +202,49 @@ class ReplayBuffer:
     def add(self, batch: TransitionBatch) -> np.ndarray:
         """Store the ``B`` transitions of ``batch``; returns their slots (int64 [B]).
 
-        Interrupt-safe: the storage writes one field after the other, so an interrupt (a
-        KeyboardInterrupt, ...) inside a write can leave a slot with some fields of the new row
-        and some of the row it overwrites. The next ``add`` therefore first rolls the storage's
-        counters back (all its bookkeeping, for a storage with ``snapshot``/``restore``; see
-        :func:`storage_snapshot`) and writes the interrupted batch again, in full, into the same slots.
-        A storage with ``try_atomic_add`` (``FrameStorage``'s compiled insert) stores the batch and
-        marks this record done in one commit statement, so no snapshot is taken then.
-
-        A batch the storage refuses (``ValueError``/``TypeError``: a wrong shape or dtype, stacks that
-        do not fit) is refused before anything is written: the buffer stays as it was, and the batch
-        is forgotten, not redone by the next call.
+        An add cut short (a ``KeyboardInterrupt`` between two fields of a row) is
+        written again in full before the buffer is read or written again. A batch
+        the storage refuses (``ValueError``/``TypeError``: a wrong shape or dtype)
+        is refused before anything is written: the buffer stays as it was.
         """
-        record = self._unfinished_add
-        if not record.done:  # (checked here: a call fewer on the common add)
-            self._finish_interrupted_add()
-        storage = self.storage
-        # (set before the snapshot, in one statement: taking the snapshot runs storage code an interrupt can cut short)
-        record.batches, record.snapshot, record.done = (batch,), None, False
-        if self._atomic_add is not None:  # a storage that stores the batch and marks the record done in one commit
-            slots = self._atomic_add(batch, record)
-            if slots is not None:
-                return slots
-        saved = record.snapshot = storage_snapshot(storage)
-        try:
-            slots = storage.add(batch)
-        except (TypeError, ValueError):
-            self._refused(saved)
-            raise
-        record.done = True
-        return slots
+        # (no storage code runs before the journal records the batch: a cut anywhere in the storage is redone)
+        return self._journal.write(self._store_once if self._self_journaled else self._store, batch)
 
-    def _refused(self, saved: Any) -> None:
-        """Forget a batch the storage refused: an error in the data, not an interrupt, so it is never redone."""
-        # (the storages refuse before writing; the roll-back covers one that does not)
-        restore_storage(self.storage, saved)
-        self._unfinished_add.done = True
+    def _store_once(self, batch: TransitionBatch) -> np.ndarray:
+        # a storage that journals its own adds: let it finish one a cut left inside it; the batch is in if the
+        # storage's count moved since the journal's save (a cut after the storage took it), else it is added now
+        cast(JournaledStorage, self.storage).settle()
+        if self.storage.total_added != self._journal.saved:
+            return np.zeros(0, dtype=np.int64)  # (only a redo gets here, and a redo's slots are not returned)
+        return self._store(batch)
 
-    def _finish_interrupted_add(self) -> None:
-        """Write again, in full, a batch whose add an interrupt cut short (before anything reads the storage)."""
-        record = self._unfinished_add
-        if record.done:
-            return
-        storage = self.storage
-        saved = record.snapshot
-        if saved is None:  # cut short before the snapshot: nothing the storage counts was written
-            saved = storage_snapshot(storage)
-        restore_storage(storage, saved)
-        try:
-            for batch in record.batches:
-                storage.add(batch)
-        except (TypeError, ValueError):
-            # refused: the interrupt landed before the storage's check, which refuses it now (before any write)
-            restore_storage(storage, saved)
-        record.done = True
+    def _store(self, batch: TransitionBatch) -> np.ndarray:
+        """The write of one add: the rows (a subclass adds what it keeps per slot). Redone whole after a cut."""
+        return self.storage.add(batch)
+
+    def settle(self) -> None:
+        """Finish an add that a cut left half done (called before every read; a no-op when none is)."""
+        self._journal.settle()
+        if self._self_journaled:  # (an add made on the storage directly)
+            cast(JournaledStorage, self.storage).settle()
+
+    def _save_written(self) -> object:
+        """What an add changes besides whole rows: the storage's counters (all its bookkeeping, if it says so).
+
+        For a storage that journals its own adds, only its count: it rolls back its own bookkeeping.
+        """
+        if self._self_journaled:  # its count as of now, once it finished an add a cut left inside it
+            cast(JournaledStorage, self.storage).settle()
+            return self.storage.total_added
+        return storage_snapshot(self.storage)
+
+    def _restore_written(self, saved: Any) -> None:
+        if not self._self_journaled:
+            restore_storage(self.storage, saved)
 
     def sample(self, batch_size: int) -> TransitionBatch:
         """``batch_size`` transitions drawn uniformly with replacement, as numpy arrays [batch_size, ...]."""
-        self._finish_interrupted_add()  # a buffer filled by hand may be sampled right after an interrupted add
+        self.settle()  # a buffer filled by hand may be sampled right after an interrupted add
         self._check_batch_size(batch_size)
         if not self.replacement:
             return self.storage.gather(self._only_sampleable(self.passes.next(batch_size, len(self.storage), self.rng)))
@@ -271,7 +268,7 @@ class ReplayBuffer:
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self._finish_interrupted_add()
+        self.settle()
         self._check_batch_size(1)  # the buffer holds something
         self.passes.start(len(self.storage), self.rng)
         while self.passes.remaining:
@@ -291,7 +288,7 @@ class ReplayBuffer:
 
     def state_dict(self) -> dict[str, Any]:
         """Stored transitions (tensors), cursor and RNG state: plain containers, ``weights_only``-safe."""
-        self._finish_interrupted_add()
+        self.settle()
         state = {"storage": self.storage.state_dict(), "rng": self.rng.bit_generator.state, "credit": self._credit}
         if not self.replacement:
             state["passes"] = self.passes.state_dict()
@@ -299,7 +296,7 @@ class ReplayBuffer:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_version(state, self.STATE_VERSION, type(self).__name__)
-        self._unfinished_add.done = True  # the restored storage replaces whatever was being written
+        self._journal.forget()  # the restored storage replaces whatever was being written
         self.storage.load_state_dict(state["storage"])
         self.rng.bit_generator.state = state["rng"]
         self._credit = int(state["credit"])

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ptl_rl.replay.sumtree import SumTree
 from ptl_rl.core.schedules import Schedule, as_schedule
+from ptl_rl.replay.sumtree import SumTree
 
 BETA_CLOCKS = ("learner", "env")
 _LOG_MAX_FLOAT = math.log(np.finfo(np.float64).max) - 1.0  # margin for the rounding of pow

@@ -36,7 +36,6 @@ from ptl_rl.core._trees import to_numpy
 from ptl_rl.core.batch import TransitionBatch
 from ptl_rl.replay.episodes import EpisodeIndex, EpisodePlan
 from ptl_rl.replay.indexed import IndexedReplayBuffer, check_reserved_fields
-from ptl_rl.replay.buffer import restore_storage, storage_snapshot
 from ptl_rl.replay.storage import ArrayStorage
 
 STRATEGIES = ("future", "final", "episode")
@@ -159,10 +158,6 @@ class HERReplayBuffer(IndexedReplayBuffer):
         self.achieved_goal_key = achieved_goal_key
         self.desired_goal_key = desired_goal_key
         self.episodes = EpisodeIndex(self.capacity)
-        # (storage snapshot, batch, (slots, plan) once planned) while an add is under way: still set on entry means
-        # the previous add (or close) was interrupted; see add
-        self._journal: tuple[Any, TransitionBatch | None, tuple[np.ndarray, EpisodePlan] | None] | None = None
-        self._upstream_seq: int | None = None  # stream_seq of the last upstream batch added
 
     @property
     def num_sampleable(self) -> int:
@@ -170,51 +165,50 @@ class HERReplayBuffer(IndexedReplayBuffer):
         return int(np.count_nonzero(self.episodes.length[: len(self.storage)]))
 
     # ------------------------------------------------------------------ stage
-    def _next(self) -> HERReplayBuffer:
+    def step(self) -> HERReplayBuffer:
         waiting = not self.tree.total > 0.0
         while not self.tree.total > 0.0:  # no step of a complete episode yet: nothing to sample
             self._credit += len(self._pull())
-        super()._next()
+        super().step()
         if waiting:  # like the warm-up, the wait for a first episode pays for the first yield only
             self._credit = min(self._credit, 0)
         return self
 
     def _add_pulled(self, batch: TransitionBatch) -> np.ndarray:
-        """Add a batch pulled from upstream, first ending every episode if the upstream's streams were cut."""
-        seq = getattr(self.upstream, "stream_seq", None)
-        if seq is not None and self._upstream_seq is not None and seq != self._upstream_seq + 1:
+        """Add a batch pulled from upstream, first ending every episode if the stream was cut."""
+        if self.consume_cut():
             # steps are missing between the last batch added and this one (the source reset its envs after an
             # interrupt or a restore, or someone pulled batches in between): no episode may run across the gap
             self.end_episodes()
-        slots = self.add(batch)
-        self._upstream_seq = seq
-        return slots
+        return self.add(batch)
 
     def end_episodes(self) -> None:
         """End every env's running episode at its last stored step: it becomes complete and sampleable.
 
-        Called by the buffer itself when its upstream's ``stream_seq`` skips a number (the source reset its
-        envs, or batches were pulled behind the buffer's back), and by :meth:`load_state_dict`; call it when
-        feeding :meth:`add` by hand from streams that were cut. The goals of a closed episode are those of the
-        steps stored so far: all reached later in the same trajectory, so relabeling with them stays valid.
+        Called by the buffer itself when its stream is cut (the source reset its envs, batches were pulled
+        behind the buffer's back, a step of its own was cut short), and by :meth:`load_state_dict`; call it
+        when feeding :meth:`add` by hand from streams that were cut. The goals of a closed episode are those of
+        the steps stored so far: all reached later in the same trajectory, so relabeling with them stays valid.
         """
-        self._finish_interrupted_add()
-        plan = self.episodes.plan_close()
-        self._journal = (None, None, (plan.slots, plan))
+        self.settle()
+        self._journal.write(self._close_all)
+
+    def _close_all(self) -> None:
+        plan = self.episodes.plan_close()  # (changes nothing)
+        self._journal.advance(lambda: self._apply(plan.slots, plan))
         self._apply(plan.slots, plan)
-        self._journal = None
 
     # ------------------------------------------------------------------ adding
     def add(self, batch: TransitionBatch) -> np.ndarray:
         """Store the ``B`` steps of ``batch`` and index their episodes; returns their slots (int64 [B]).
 
-        Interrupt-safe: before the storage is written, its counters and the batch are recorded; once it is
-        written, the changes to the episode index are computed (changing nothing) and recorded too, then
-        written with plain assignments. An add cut short is completed by the next ``add``, ``sample``,
-        ``end_episodes`` or ``state_dict``: from the recorded plan, or by writing the batch again into the same
-        slots. A batch the storage refuses (``ValueError``/``TypeError``) changes nothing and is forgotten.
+        One write of the guard, in two phases: the rows (an add cut short there is written
+        again into the same slots), then the episode index, whose changes are planned first
+        (changing nothing) and then applied with plain assignments (a cut there is finished
+        from the plan). A batch the storage refuses (``ValueError``/``TypeError``) changes
+        nothing and is forgotten.
         """
-        self._finish_interrupted_add()
+        # (no settle() first: the journal's write finishes a cut add itself, after recording this batch)
         if self.storage.fields is None:  # later batches must match the first one's fields: the storage checks that
             self._check_fields(batch)
         if len(batch) > self.capacity:  # only the newest `capacity` rows survive; index them chunk by chunk
@@ -223,55 +217,21 @@ class HERReplayBuffer(IndexedReplayBuffer):
         env = np.asarray(batch["env_id"])
         if len(env) and env.min() < 0:
             raise ValueError(f"env_id must be >= 0 (it indexes the running episode of each env), got {env.min()}")
-        storage = self.storage
-        self._journal = (None, batch, None)  # (taking the snapshot runs code an interrupt can cut short)
-        saved = storage_snapshot(storage)
-        self._journal = (saved, batch, None)
-        try:
-            slots = storage.add(batch)
-        except (TypeError, ValueError):  # refused before anything was written: an error, not an interrupt
-            restore_storage(storage, saved)
-            self._journal = None
-            raise
-        self._index(saved, batch, slots)
-        return slots
+        return self._journal.write(self._store_and_index, batch)
 
-    def _index(self, saved: Any, batch: TransitionBatch, slots: np.ndarray) -> None:
-        """Plan the episode index's changes for the rows just written at ``slots``, record the plan, apply it."""
+    def _store_and_index(self, batch: TransitionBatch) -> np.ndarray:
+        slots = self.storage.add(batch)
         if len(slots):
             env = np.asarray(batch["env_id"], dtype=np.int64)
             done = np.asarray(batch["terminated"], dtype=bool) | np.asarray(batch["truncated"], dtype=bool)
-            plan = self.episodes.plan_add(slots, env, done)
-            self._journal = (saved, batch, (slots, plan))
+            plan = self.episodes.plan_add(slots, env, done)  # (changes nothing)
+            self._journal.advance(lambda: self._apply(slots, plan))
             self._apply(slots, plan)
-        self._journal = None
+        return slots
 
     def _apply(self, slots: np.ndarray, plan: EpisodePlan) -> None:
         self._stamp(slots)  # (from the storage's counters, final once the rows are written)
         self.episodes.apply(plan, self.tree)
-
-    def _finish_interrupted_add(self) -> None:
-        """Complete an add or close that an interrupt cut short (see :meth:`add`)."""
-        if self._journal is None:
-            return
-        saved, batch, planned = self._journal
-        if planned is not None:  # the rows are written and the plan made: write the plan (again)
-            self._apply(*planned)
-            self._journal = None
-            return
-        assert batch is not None  # a journal without a plan is an add's, which holds its batch
-        storage = self.storage
-        if saved is None:  # cut short while taking the snapshot: nothing was written
-            saved = storage_snapshot(storage)
-        restore_storage(storage, saved)
-        try:
-            slots = storage.add(batch)
-        except (TypeError, ValueError):
-            # refused: the interrupt landed before the storage's check, which refuses it now (before any write)
-            restore_storage(storage, saved)
-            self._journal = None
-            return
-        self._index(saved, batch, slots)
 
     def _check_fields(self, batch: TransitionBatch) -> None:
         """Refuse, before any change, a batch without the fields and goals that relabeling needs."""
@@ -302,7 +262,7 @@ class HERReplayBuffer(IndexedReplayBuffer):
         """``batch_size`` steps of complete episodes, drawn uniformly, a ``her_ratio`` share of them relabeled."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self._finish_interrupted_add()
+        self.settle()
         if not self.tree.total > 0.0:
             raise ValueError(
                 f"no episode has ended yet ({len(self.storage)} steps stored, none in a complete episode); HER "
@@ -338,7 +298,7 @@ class HERReplayBuffer(IndexedReplayBuffer):
 
         One RNG draws the slots, which rows are relabeled and their goals; it is saved with the rest.
         """
-        self._finish_interrupted_add()
+        self.settle()
         state = super().state_dict()
         state["episodes"] = self.episodes.state_dict(len(self.storage))
         return state
@@ -350,9 +310,7 @@ class HERReplayBuffer(IndexedReplayBuffer):
                 "this state has no episode index (saved from a buffer other than a HERReplayBuffer); load it into "
                 "the kind of buffer that saved it"
             )
-        self._journal = None  # the restored state replaces whatever was being added
-        self._upstream_seq = None
-        super().load_state_dict(state)
+        super().load_state_dict(state)  # (drops an add a cut left: the restored state replaces it)
         self.episodes.load_state_dict(state["episodes"])
         self.end_episodes()
 
@@ -393,8 +351,8 @@ def _per_row(values: Any, rows: int, name: str) -> np.ndarray:
 
 def _refuse_nstep(upstream: Any) -> None:
     """Refuse an upstream chain with an n-step transform (n > 1): a new goal would change every reward summed."""
-    from ptl_rl.stages.nstep import NStepTransform  # noqa: PLC0415 - nstep imports nothing from buffers, but keep it local
     from ptl_rl.core.chain import pipeline_stages  # noqa: PLC0415
+    from ptl_rl.stages.nstep import NStepTransform  # noqa: PLC0415 - nstep imports nothing from buffers, but keep it local
 
     for stage in pipeline_stages(upstream) if upstream is not None else []:
         if isinstance(stage, NStepTransform) and stage.n > 1:

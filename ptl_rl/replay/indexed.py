@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from ptl_rl.core.batch import TransitionBatch
-from ptl_rl.replay.draws import PriorityDraws, Schedule, SlotDraws
-from ptl_rl.replay.buffer import ReplayBuffer
-from ptl_rl.replay.sumtree import SumTree
 from ptl_rl.core.protocols import PartlySampleableStorage, Storage
+from ptl_rl.replay.buffer import ReplayBuffer
+from ptl_rl.replay.draws import PriorityDraws, Schedule, SlotDraws
+from ptl_rl.replay.sumtree import SumTree
 
 # Fields the prioritized and sequence buffers add to sampled batches; stored data may not use them.
 SAMPLE_FIELDS = ("indices", "generations", "weights", "mask")
@@ -282,7 +282,7 @@ class IndexedReplayBuffer(ReplayBuffer):
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Replay contents, draw weights, generation stamps, counters and RNG (``weights_only``-safe)."""
-        self._finish_interrupted_add()
+        self.settle()
         size = len(self.storage)
         state = super().state_dict()
         state.update(self.draws.state_dict(size), generations=torch.from_numpy(self.generations[:size].copy()))

@@ -26,6 +26,8 @@ import numpy as np
 
 from ptl_rl.core._reprs import stage_repr
 from ptl_rl.core.batch import TransitionBatch
+from ptl_rl.core.protocols import Storage
+from ptl_rl.core.schedules import Schedule
 from ptl_rl.replay.indexed import (
     SAMPLE_FIELDS,
     IndexedReplayBuffer,
@@ -33,8 +35,6 @@ from ptl_rl.replay.indexed import (
     check_reserved_fields,
     to_numpy_1d,
 )
-from ptl_rl.core.protocols import Storage
-from ptl_rl.core.schedules import Schedule
 
 __all__ = ["SAMPLE_FIELDS", "PrioritizedReplayBuffer", "PriorityFeedback", "Schedule", "to_numpy_1d"]
 
@@ -118,11 +118,14 @@ class PrioritizedReplayBuffer(IndexedReplayBuffer):
     def add(self, batch: TransitionBatch) -> np.ndarray:
         """Store the ``B`` transitions of ``batch`` at the current maximum priority; returns their slots (int64 [B])."""
         check_reserved_fields(batch)
-        self._finish_interrupted_add()  # so that the size read next is the one this batch is written over
+        return super().add(batch)
+
+    def _store(self, batch: TransitionBatch) -> np.ndarray:
+        # one write: the rows, their generation and their priority, redone whole after a cut (with a storage
+        # that journals its own adds, a cut after the rows leaves them at their slot's previous priority and
+        # generation: sampled with a stale weight, never wrong)
         old_size = self.storage.size
-        # through ReplayBuffer.add, which redoes a write an interrupt cut short; an interrupt after it leaves
-        # whole rows with their slot's previous priority and generation: sampled with a stale weight, never wrong
-        slots = super().add(batch)
+        slots = self.storage.add(batch)
         if len(slots) == 0:
             return slots
         self._stamp(slots)
@@ -135,7 +138,7 @@ class PrioritizedReplayBuffer(IndexedReplayBuffer):
         Stored fields come as numpy arrays ``[batch_size, ...]``; ``weights``
         float32 [B] (batch-max normalised, see the module docstring).
         """
-        self._finish_interrupted_add()
+        self.settle()
         self._check_batch_size(batch_size)
         indices, weights = self._draw(batch_size)
         return self._finish(self.storage.gather(indices), indices, weights)

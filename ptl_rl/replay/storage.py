@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.core._trees import PyTree, tree_leaves, tree_map, tree_take
 from ptl_rl.core.batch import TransitionBatch
+from ptl_rl.core.versions import check_version, versioned
 
 # The field contract's dtypes (docs/contract.rst). A buffer stores these fields in these dtypes whatever the first
 # batch brought (SyncVectorEnv's float64 rewards, a recorded dataset's int terminals), and casts later batches to them.
@@ -158,17 +158,26 @@ class ArrayStorage:
         # the slots of a write that does not wrap, as a read-only view: no arange per add
         slot_numbers = np.arange(self.capacity, dtype=np.int64)
         slot_numbers.flags.writeable = False
-        # all at once, in one call an interrupt cannot split: `fields` set without the rest would make every
-        # later add skip the allocation and fail for good
-        self.__dict__.update(
-            fields=fields,
-            _spec=spec,
-            _flat=all(isinstance(v, np.ndarray) for v in fields.values()),
-            _slot_numbers=slot_numbers,
-            _checked_layouts=set(),
-            _last_layout=None,
-        )
+        self.fields, self._spec, self._slot_numbers = fields, spec, slot_numbers
+        self._flat = all(isinstance(v, np.ndarray) for v in fields.values())
+        self._checked_layouts, self._last_layout = set(), None
         return fields
+
+    # ------------------------------------------------------------------ the guard
+    def snapshot(self) -> tuple[Any, ...]:
+        """What an add changes besides whole rows: the counters, and the allocation of the first add.
+
+        A buffer takes it before each add (:class:`~ptl_rl.core.guard.WriteJournal`): an add cut
+        short, even inside the first add's allocation, is undone to it and written again.
+        """
+        return (self.cursor, self.size, self.total_added, self.fields, self._spec, self._flat, self._slot_numbers)
+
+    def restore(self, snapshot: tuple[Any, ...]) -> None:
+        """Put back a :meth:`snapshot` (before the same rows are written again)."""
+        self.cursor, self.size, self.total_added, fields, self._spec, self._flat, self._slot_numbers = snapshot
+        if fields is not self.fields:  # the allocation is undone: its layout cache goes with it
+            self._checked_layouts, self._last_layout = set(), None
+        self.fields = fields
 
     def _validate(self, batch: TransitionBatch) -> None:
         fields = self.fields

@@ -14,7 +14,7 @@ import pytest
 
 # The modules whose public docstrings carry examples. A module added here has all its examples run.
 MODULES = [
-    "ptl_rl.agents.policies",
+    "ptl_rl.agents.dqn",
     "ptl_rl.core.batch",
     "ptl_rl.replay.her",
     "ptl_rl.replay.prioritized",
@@ -24,14 +24,16 @@ MODULES = [
     "ptl_rl.lightning.adapter",
     "ptl_rl.stages.nstep",
     "ptl_rl.agents.recurrent",
-    "ptl_rl.stages.sampler",
+    "ptl_rl.replay.sampler",
     "ptl_rl.stages.source",
     "ptl_rl.lightning.video_recording",
+    "ptl_rl.normalization.normalizer",
+    "ptl_rl.stages.normalize",
 ]
 
 # Objects that must keep an example: losing one (a docstring rewritten during a merge) fails the suite.
 REQUIRED = {
-    "ptl_rl.agents.policies.DQNAgent",
+    "ptl_rl.agents.dqn.DQNAgent",
     "ptl_rl.core.batch.TransitionBatch",
     "ptl_rl.replay.her.HERReplayBuffer",
     "ptl_rl.replay.prioritized.PrioritizedReplayBuffer",
@@ -41,9 +43,11 @@ REQUIRED = {
     "ptl_rl.lightning.adapter.to_dataloader",
     "ptl_rl.stages.nstep.NStepTransform",
     "ptl_rl.agents.recurrent.RecurrentCore",
-    "ptl_rl.stages.sampler.BatchSampler",
+    "ptl_rl.replay.sampler.BatchSampler",
     "ptl_rl.stages.source.ExperienceSource",
     "ptl_rl.lightning.video_recording.record_episodes",
+    "ptl_rl.normalization.normalizer.ObservationNormalizer",
+    "ptl_rl.stages.normalize.NormalizeObservations",
 }
 
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE

@@ -231,7 +231,7 @@ def pipeline_snapshot(sampler) -> dict:
         "buffer_rng": buffer.rng.bit_generator.state,
         "size": len(buffer),
         "obs": None if buffer.storage.fields is None else buffer.storage.fields["obs"][: len(buffer)].copy(),
-        "windows": nstep._length.copy(),
+        "windows": nstep.windows._length.copy(),
     }
 
 

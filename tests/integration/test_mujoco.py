@@ -55,8 +55,9 @@ def build_pipeline(seed: int):
     def agent(obs):
         return rng.uniform(-1, 1, size=(len(obs), 3)).astype(np.float32)
 
-    source = ptl_rl.ExperienceSource(env, agent, seed=seed)
-    norm = ptl_rl.NormalizeObservations(source, output="raw")
+    normalizer = ptl_rl.ObservationNormalizer()
+    source = ptl_rl.ExperienceSource(env, agent, seed=seed, observation_transform=normalizer)
+    norm = ptl_rl.NormalizeObservations(source, normalizer, output="raw")
     scaled = ptl_rl.ScaleRewards(norm, gamma=0.99)
     buffer = ptl_rl.ReplayBuffer(scaled, 2_000, warmup=64, transitions_per_yield=4, seed=seed)
     sampled = ptl_rl.NormalizeSampledObservations(ptl_rl.BatchSampler(buffer, 16), norm.normalizer)

@@ -21,7 +21,7 @@ from normalized_collector import (
 
 import ptl_rl
 from ptl_rl.distributed import AsyncSource
-from ptl_rl.stages.normalize import NormalizationModule
+from ptl_rl.normalization.module import NormalizationModule
 
 
 def test_rows_of_each_version_were_normalized_with_the_statistics_pushed_as_that_version():
@@ -59,7 +59,7 @@ def test_model_normalization_is_refused_without_the_module_or_with_normalized_ou
     with pytest.raises(ValueError, match="output='raw'"):
         ptl_rl.NormalizeObservations(source, norm, apply_in="model")
     with pytest.raises(ValueError, match="apply_in='model'"):
-        ptl_rl.NormalizeObservations(source, norm)  # no hook on a remote collector: says what to do
+        ptl_rl.NormalizeObservations(source, norm)  # no source here to show the agent the normalizer: says what to do
     with pytest.raises(ValueError, match="shape"):
         ptl_rl.ObservationNormalizer().module()
 

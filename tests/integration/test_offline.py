@@ -387,7 +387,7 @@ def test_a_falsy_space_passed_to_the_recorder_is_the_space_used():
 
 def test_rows_equal_matches_a_row_by_row_comparison():
     """rows_equal_nan_as_equal (the recorder's check that rows follow) against a loop over rows and leaves."""
-    from ptl_rl.offline.datasets import rows_equal_nan_as_equal
+    from ptl_rl.offline.recorder import rows_equal_nan_as_equal
 
     rng = np.random.default_rng(0)
     for _ in range(50):
@@ -506,10 +506,10 @@ def test_float64_observations_are_recorded_as_the_float32_the_source_yields():
 
 def test_ranks_read_disjoint_episodes_under_ddp(monkeypatch):
     """set_rank in a (faked) 2-process world: each rank gets distinct env_ids and a disjoint share of the episodes."""
-    import ptl_rl.offline.datasets
+    import ptl_rl.offline.source
 
     dataset, _ = record(LAYOUTS, "NextStep")
-    monkeypatch.setattr(ptl_rl.offline.datasets, "distributed_rank", lambda: (1, 2))
+    monkeypatch.setattr(ptl_rl.offline.source, "distributed_rank", lambda: (1, 2))
     episodes = []
     for rank in (0, 1):
         source = MinariSource(dataset, lanes=2, episode_id=True, shuffle=True, seed=0)

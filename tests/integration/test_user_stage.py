@@ -1,7 +1,7 @@
 """A stage of the user's own, written only against ``ptl_rl.core.protocols``, trains and resumes like ptl_rl's.
 
 ``ClipRewards`` sits between the source and the n-step transform and inherits nothing from ptl_rl: it has the
-members of the protocols (``Stage``, ``Stateful``, and it forwards its upstream's ``NumberedStream`` and
+members of the protocols (``StageLike``, ``Stateful``, and it forwards its upstream's ``NumberedStream`` and
 ``PerEnvStream`` facts), and builds its batches with the public ``TransitionBatch``. It goes through
 ``to_dataloader`` under a Lightning Trainer of either package, into a checkpoint, and back.
 """
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ptl_rl
-from ptl_rl.core.protocols import NumberedStream, PerEnvStream, Stage, Stateful
+from ptl_rl.core.protocols import NumberedStream, PerEnvStream, StageLike, Stateful
 
 GAMMA = 0.9
 LIMIT = 0.5  # CartPole pays 1.0 per step: every reward is clipped
@@ -99,7 +99,7 @@ def trainer(L, **kwargs):  # noqa: N803
 def test_the_user_stage_meets_the_protocols_without_inheriting_from_ptl_rl():
     _, clip, sampler = build_pipeline(seed=0)
     assert all(base.__module__ == "builtins" for base in ClipRewards.__mro__[1:])
-    for protocol in (Stage, Stateful, NumberedStream, PerEnvStream):
+    for protocol in (StageLike, Stateful, NumberedStream, PerEnvStream):
         assert isinstance(clip, protocol), protocol.__name__
     assert [type(s).__name__ for s in ptl_rl.pipeline_stages(sampler)] == [
         "ExperienceSource",

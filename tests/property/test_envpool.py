@@ -137,7 +137,7 @@ def test_restart_reseeds_with_fresh_distinct_seeds():
     source = ExperienceSource(make_pool(), agent, seed=1)
     for _ in range(5):
         next(source)
-    source._in_step = True  # what an interrupted next() leaves behind
+    source._guard.open = True  # what an interrupted next() leaves behind (the guard's record of the step)
     first = next(source)
     seeds = [1 + 1_000_003 + i for i in range(N)]
     expected, _ = make_pool(seed=0, env_seed=seeds).reset()

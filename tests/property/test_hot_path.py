@@ -19,6 +19,7 @@ from scripted_env import BOTH, TERM, TRUNC, ScriptedAgent, env_attr, ids_of, mak
 
 import ptl_rl
 from ptl_rl import ExperienceSource, NStepTransform, ReplayBuffer, TransitionBatch
+from ptl_rl.stages.nstep_windows import Windows
 
 
 def assert_matches_reference(outputs, reference) -> None:
@@ -71,13 +72,13 @@ class SourceStream:
 def lockstep_calls(monkeypatch):
     """Counts the folds that took the lockstep path."""
     calls = []
-    original = NStepTransform._fold_lockstep
+    original = Windows._fold_lockstep
 
     def counted(self, batch, phase):
         calls.append(len(batch))
         return original(self, batch, phase)
 
-    monkeypatch.setattr(NStepTransform, "_fold_lockstep", counted)
+    monkeypatch.setattr(Windows, "_fold_lockstep", counted)
     return calls
 
 
@@ -142,17 +143,17 @@ def test_lockstep_path_survives_an_interrupt_and_a_restore(lockstep_calls) -> No
     for _ in range(10):
         next(nstep)
     assert lockstep_calls, "the lockstep path was not taken"
-    original = NStepTransform._fold_lockstep
+    original = Windows._fold_lockstep
 
     def interrupted(self, batch, phase):
         raise KeyboardInterrupt
 
-    NStepTransform._fold_lockstep = interrupted
+    Windows._fold_lockstep = interrupted
     try:
         with pytest.raises(KeyboardInterrupt):
             next(nstep)
     finally:
-        NStepTransform._fold_lockstep = original
+        Windows._fold_lockstep = original
     out = next(nstep)  # flushes every window as truncated, then folds a step of fresh episodes
     assert out["truncated"].sum() == 2 * 2  # two windows of 2 steps each per env, emitted as truncated tails
     state = nstep.state_dict()

@@ -8,6 +8,7 @@ env's discounted return restarting after ``terminated`` or ``truncated``.
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -68,9 +69,10 @@ def reference_normalize(x: np.ndarray, prior: list[np.ndarray], clip: float | No
 def build(mode: str, layouts, clip=10.0, output="normalized"):
     env = make_env(layouts, mode)
     agent = RecordingAgent()
-    source = ptl_rl.ExperienceSource(env, agent, seed=3)
+    norm = ptl_rl.ObservationNormalizer(clip=clip)
+    source = ptl_rl.ExperienceSource(env, agent, seed=3, observation_transform=norm)
     tap = Tap(source)
-    stage = ptl_rl.NormalizeObservations(tap, output=output, clip=clip)
+    stage = ptl_rl.NormalizeObservations(tap, norm, output=output)
     return env, agent, source, tap, stage
 
 
@@ -190,9 +192,9 @@ def test_reward_scaling_matches_brute_force(mode, clip):
 def test_both_stages_chain_in_either_order_and_feed_an_nstep_stage(mode):
     env = make_env(LAYOUTS, mode)
     agent = RecordingAgent()
-    source = ptl_rl.ExperienceSource(env, agent, seed=1)
+    source = ptl_rl.ExperienceSource(env, agent, seed=1, observation_transform=ptl_rl.ObservationNormalizer())
     scaled = ptl_rl.ScaleRewards(source, gamma=0.9)
-    norm = ptl_rl.NormalizeObservations(scaled)
+    norm = ptl_rl.NormalizeObservations(scaled)  # the source's normalizer
     nstep = ptl_rl.NStepTransform(norm, n=3, gamma=0.9)
     rows = sum(len(next(nstep)) for _ in range(20))
     assert rows > 0 and agent.seen[-1].dtype == np.float32
@@ -203,6 +205,30 @@ def test_both_stages_chain_in_either_order_and_feed_an_nstep_stage(mode):
         ptl_rl.NormalizeObservations(norm)
     with pytest.raises(ValueError, match="must follow an ExperienceSource.*got NStepTransform"):
         ptl_rl.NormalizeObservations(nstep)
+    assert scaled.num_envs == norm.num_envs == source.num_envs  # what a RolloutBuffer after them reads
+
+
+def test_a_source_without_the_normalizer_is_refused_with_the_fix():
+    """The agent must act on the statistics the stage updates: the source shows it the very normalizer."""
+    fix = re.escape(
+        "pass the normalizer to the source: norm = ptl_rl.ObservationNormalizer(); "
+        "source = ptl_rl.ExperienceSource(env, agent, observation_transform=norm); "
+        "ptl_rl.NormalizeObservations(source, norm)"
+    )
+    bare = ptl_rl.ExperienceSource(make_env(LAYOUTS, "SameStep"), RecordingAgent(), seed=0)
+    with pytest.raises(ValueError, match="shows its agent the env's own observations.*" + fix):
+        ptl_rl.NormalizeObservations(bare)
+    with pytest.raises(ValueError, match=fix):
+        ptl_rl.NormalizeObservations(Tap(bare), ptl_rl.ObservationNormalizer())  # also through per-step stages
+    other = ptl_rl.ExperienceSource(make_env(LAYOUTS, "SameStep"), RecordingAgent(), observation_transform=np.tanh)
+    with pytest.raises(ValueError, match="not an ObservationNormalizer.*" + fix):
+        ptl_rl.NormalizeObservations(other)
+    shown = ptl_rl.ObservationNormalizer()
+    source = ptl_rl.ExperienceSource(make_env(LAYOUTS, "SameStep"), RecordingAgent(), observation_transform=shown)
+    with pytest.raises(ValueError, match="not the one ExperienceSource shows its agent.*" + fix):
+        ptl_rl.NormalizeObservations(source, ptl_rl.ObservationNormalizer())  # a different normalizer
+    assert source.observation_transform is shown  # nothing written into the source
+    assert ptl_rl.NormalizeObservations(source, shown).normalizer is shown
 
 
 # ---------------------------------------------------------------------------- moments
@@ -303,7 +329,7 @@ def test_interrupts_and_peeks_leave_statistics_of_exactly_the_rows_yielded(mode)
     layouts = [[(50, TERM)] * 4, [(7, TRUNC)] * 30, [(3, BOTH)] * 60]
     env = make_env(layouts, mode)
     agent = Interrupting(at={4, 9, 10, 17})
-    source = ptl_rl.ExperienceSource(env, agent, seed=2)
+    source = ptl_rl.ExperienceSource(env, agent, seed=2, observation_transform=ptl_rl.ObservationNormalizer())
     norm = ptl_rl.NormalizeObservations(source)
     scaled = ptl_rl.ScaleRewards(norm, gamma=0.9)
     yielded_raw_obs, seqs = [], []
@@ -328,6 +354,41 @@ def test_interrupts_and_peeks_leave_statistics_of_exactly_the_rows_yielded(mode)
     assert scaled.statistics.moments.count == norm.normalizer.count
 
 
+class CutAfter:
+    """Wraps ``fn``: runs it, then raises KeyboardInterrupt on the calls listed in ``at`` (a cut after a commit)."""
+
+    def __init__(self, fn, at) -> None:
+        self.fn, self.at, self.calls = fn, set(at), 0
+
+    def __call__(self, *args):
+        out = self.fn(*args)
+        self.calls += 1
+        if self.calls in self.at:
+            raise KeyboardInterrupt
+        return out
+
+
+def test_a_step_cut_after_its_commit_is_rolled_back():
+    """The guard puts a cut step back: the statistics count exactly the rows yielded, wherever the cut falls."""
+    env, agent, source, tap, stage = build("SameStep", LAYOUTS)
+    passed = Tap(stage)  # what NormalizeObservations yields: ScaleRewards loses one of these batches
+    scaled = ptl_rl.ScaleRewards(passed, gamma=0.9)
+    stage.normalizer.commit = CutAfter(stage.normalizer.commit, at={3, 7})  # the statistics changed, batch lost
+    scaled.statistics.commit = CutAfter(scaled.statistics.commit, at={5})
+    yielded = []
+    for _ in range(14):
+        try:
+            yielded.append(next(scaled))
+        except KeyboardInterrupt:
+            continue
+    assert len(passed.raw) == 12 and len(yielded) == 11
+    assert stage.normalizer.count == sum(len(raw["obs"]) for raw in passed.raw)
+    assert scaled.statistics.moments.count == sum(len(b) for b in yielded)
+    lost = {2, 6}  # the raw batches whose normalization step was cut (0-based)
+    kept = [raw["obs"] for i, raw in enumerate(tap.raw) if i not in lost]
+    np.testing.assert_allclose(stage.normalizer.mean, np.concatenate(kept).mean(axis=0), rtol=1e-12)
+
+
 def test_sampled_batches_are_normalized_with_the_statistics_at_sampling_time():
     env, agent, source, tap, stage = build("SameStep", LAYOUTS, output="raw")
     buffer = ptl_rl.ReplayBuffer(stage, 100, warmup=6, transitions_per_yield=3, seed=0)
@@ -349,8 +410,10 @@ def test_sampled_batches_are_normalized_with_the_statistics_at_sampling_time():
 
 def test_bad_input_is_refused_with_the_fix():
     env = make_env(LAYOUTS, "SameStep", dict_obs=True)
-    source = ptl_rl.ExperienceSource(env, RecordingAgent(), seed=0)
-    stage = ptl_rl.NormalizeObservations(source)
+    norm = ptl_rl.ObservationNormalizer()
+    stage = ptl_rl.NormalizeObservations(
+        ptl_rl.ExperienceSource(env, RecordingAgent(), seed=0, observation_transform=norm)
+    )
     with pytest.raises(TypeError, match="FlattenObservation"):
         next(stage)
     with pytest.raises(ValueError, match="clip must be > 0"):

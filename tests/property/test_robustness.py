@@ -43,8 +43,15 @@ import ptl_rl
 from ptl_rl import ExperienceSource, NStepTransform, ReplayBuffer, TransitionBatch
 
 STAGE_MODULES = (
+    "ptl_rl.core.guard",
+    "ptl_rl.core.stage",
     "ptl_rl.stages.source",
+    "ptl_rl.stages.episodes",
+    "ptl_rl.stages.finite",
+    "ptl_rl.stages.env_arrays",
+    "ptl_rl.envs.failures",
     "ptl_rl.stages.nstep",
+    "ptl_rl.stages.nstep_windows",
     "ptl_rl.core.batch",
     "ptl_rl.replay.buffer",
     "ptl_rl.replay.storage",
@@ -53,7 +60,8 @@ STAGE_MODULES = (
     "ptl_rl.replay.draws",
     "ptl_rl.replay.sumtree",
     "ptl_rl.replay.sequence",
-    "ptl_rl.stages.sampler",
+    "ptl_rl.replay.sequence_links",
+    "ptl_rl.replay.sampler",
 )
 STAGE_FILES = tuple(importlib.import_module(name).__file__ for name in STAGE_MODULES)
 
@@ -606,12 +614,12 @@ def test_pending_episodes_are_bounded():
     source = ExperienceSource(env, ScriptedAgent(2), seed=0, max_pending_episodes=50)
     for _ in range(300):
         next(source)
-        assert len(source._pending_episodes) <= 50
+        assert len(source._episodes._pending) <= 50
     assert source.episodes_finished == 600
     episodes = source.pop_episodes()
     assert len(episodes) == 50 and episodes[-1].total_steps == source.total_steps  # the newest are kept
     assert source.pop_episodes() == []
-    assert ExperienceSource(env, ScriptedAgent(2))._pending_episodes.maxlen == 10_000
+    assert ExperienceSource(env, ScriptedAgent(2))._episodes._pending.maxlen == 10_000
     with pytest.raises(ValueError, match="max_pending_episodes"):
         ExperienceSource(env, ScriptedAgent(2), max_pending_episodes=0)
 
@@ -791,7 +799,7 @@ def _sequence_state(buffer: Any) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize(("prioritized", "pad_end"), [(False, False), (True, False), (False, True)])
-@pytest.mark.parametrize("target", ["ptl_rl.replay.sequence", "ptl_rl.replay.storage"])
+@pytest.mark.parametrize("target", ["ptl_rl.replay.sequence", "ptl_rl.replay.sequence_links", "ptl_rl.replay.storage"])
 def test_sequence_add_interrupted_anywhere_is_redone_in_full(target, prioritized, pad_end):
     """An interrupt at any line of an add (storage write or linking) changes nothing once the next add ran."""
     batches = _sequence_batches()

@@ -30,9 +30,9 @@ def main(out: Path, package: str) -> None:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
     agent = ptl_rl.DQNAgent(net, ptl_rl.EpsilonGreedySelector(ptl_rl.LinearSchedule(1.0, 0.1, 300), seed=0))
-    source = ptl_rl.ExperienceSource(env, agent, seed=0)
+    source = ptl_rl.ExperienceSource(env, agent, seed=0, observation_transform=ptl_rl.ObservationNormalizer())
     tap = Tap(source)
-    norm = ptl_rl.NormalizeObservations(tap)
+    norm = ptl_rl.NormalizeObservations(tap)  # the source's normalizer
     scaled = ptl_rl.ScaleRewards(norm, gamma=0.9)
     buffer = ptl_rl.ReplayBuffer(scaled, 1_000, warmup=32, transitions_per_yield=2, seed=0)
     sampler = ptl_rl.BatchSampler(buffer, 8)

@@ -14,7 +14,7 @@ from torch import nn
 
 from ptl_rl import ExperienceSource
 from ptl_rl.distributed import Collector, WorkerInfo
-from ptl_rl.stages.normalize import NormalizationModule
+from ptl_rl.normalization.module import NormalizationModule
 
 OBS_SHAPE = (4,)  # CartPole-v1
 CLIP = 5.0

@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 
 import ptl_rl
 from ptl_rl.core.batch import TransitionBatch
-from ptl_rl.stages.normalize import NormalizationModule, sync_statistics
+from ptl_rl.normalization.module import NormalizationModule
 from ptl_rl.normalization.running_stats import Moments, RunningStatistics
+from ptl_rl.stages.normalize import sync_statistics
 
 # NaN and inf in the rows make numpy warn while the moments are computed; the refusal is what is tested
 pytestmark = pytest.mark.filterwarnings("ignore:(invalid value|overflow) encountered:RuntimeWarning")
@@ -102,11 +103,18 @@ class BadValueEnv(gym.Env):
         return obs, reward, False, False, {}
 
 
-def unchecked_source(field: str, value: float, at: int = 3) -> ptl_rl.ExperienceSource:
-    """Two envs, env 1 bad at its step ``at``; the source's own check is off, so the value reaches the stages."""
+def unchecked_source(
+    field: str, value: float, at: int = 3, norm: ptl_rl.ObservationNormalizer | None = None
+) -> ptl_rl.ExperienceSource:
+    """Two envs, env 1 bad at its step ``at``; the source's own check is off, so the value reaches the stages.
+
+    ``norm``: the normalizer the source shows its agent (for a NormalizeObservations after it).
+    """
     fns = [functools.partial(BadValueEnv, at=at if i == 1 else -1, field=field, value=value) for i in range(2)]
     env = gym.vector.SyncVectorEnv(fns)
-    return ptl_rl.ExperienceSource(env, lambda obs: np.zeros(len(obs), np.int64), seed=0, check_finite=False)
+    return ptl_rl.ExperienceSource(
+        env, lambda obs: np.zeros(len(obs), np.int64), seed=0, check_finite=False, observation_transform=norm
+    )
 
 
 # ============================================================================ defect 2: non-finite rows
@@ -168,8 +176,8 @@ def test_moments_that_overflow_float64_are_refused_too():
 
 @pytest.mark.parametrize("value", BAD)
 def test_the_stage_refuses_non_finite_observations_that_pass_an_unchecked_source(value):
-    source = unchecked_source("obs", value, at=3)
-    stage = ptl_rl.NormalizeObservations(source)
+    norm = ptl_rl.ObservationNormalizer()
+    stage = ptl_rl.NormalizeObservations(unchecked_source("obs", value, at=3, norm=norm), norm)
     for _ in range(3):  # step 3's next_obs holds the bad value: it is no row the statistics take in
         next(stage)
     before, count = snapshot(stage.normalizer.statistics), stage.normalizer.count
@@ -275,6 +283,46 @@ def test_a_sync_refuses_merged_statistics_with_nan_on_every_rank_with_nothing_ch
     # a good part merges as before
     two_ranks["part"] = (4, np.array([1.0, 2.0, 0.0]), np.ones(3))
     assert sync_statistics(stage) == 1 and norm.count == 6
+
+
+class CutOnce(Rows):
+    """Rows whose pull number ``at`` is cut short (a KeyboardInterrupt) before a batch leaves."""
+
+    def __init__(self, batches: list[TransitionBatch], at: int) -> None:
+        super().__init__(batches)
+        self.at, self.pulls = at, 0
+
+    def __next__(self) -> TransitionBatch:
+        self.pulls += 1
+        if self.pulls == self.at:
+            raise KeyboardInterrupt
+        return super().__next__()
+
+
+def test_a_sync_between_a_cut_step_and_the_next_is_kept(two_ranks):
+    # the guard rolls a cut step back before the next one; the merged statistics of a sync in between must stay
+    # (put back, this rank's rows would count twice at the next sync)
+    norm = ptl_rl.ObservationNormalizer(clip=None, shape=(3,))
+    module = norm.module()
+    rows = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    stage = ptl_rl.NormalizeObservations(CutOnce([rows_batch(rows), rows_batch(rows + 1)], at=2), norm,
+                                         apply_in="model", output="raw")  # fmt: skip
+    scaled = ptl_rl.ScaleRewards(CutOnce([rows_batch(rows), rows_batch(rows + 1)], at=2))
+    for s in (stage, scaled):
+        next(s)
+        with pytest.raises(KeyboardInterrupt):
+            next(s)
+    two_ranks["part"] = (4, np.array([1.0, 2.0, 0.0]), np.ones(3))
+    assert norm.sync()
+    two_ranks["part"] = (4, np.array(1.0), np.array(1.0))
+    assert scaled.sync()
+    merged, returns = norm.statistics.moments, scaled.statistics.moments
+    assert norm.statistics.local.count == 0 and merged.count == 6 and returns.count == 6
+    next(stage), next(scaled)  # restores the cut steps' snapshots: older than the sync, so not put back
+    assert norm.count == 8 and norm.statistics.local.count == 2 and scaled.statistics.moments.count == 8
+    assert norm.statistics.synced is merged and torch.equal(
+        module.shift, torch.as_tensor(norm.mean, dtype=torch.float32)
+    )
 
 
 def test_a_sync_refuses_statistics_of_another_shape(two_ranks):

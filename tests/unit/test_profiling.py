@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ptl_rl
-from ptl_rl.core.profiling import HOST_TO_DEVICE
+from ptl_rl.core.clock import StageClock
 
 
 def build(num_envs: int = 4, batch_size: int = 16, n: int = 3):
@@ -88,16 +88,19 @@ def test_switched_off_the_counters_stand_still() -> None:
     assert nstep.clock.calls == 1
 
 
-def test_host_to_device_copy_is_counted() -> None:
-    HOST_TO_DEVICE.reset()
+def test_host_to_device_copy_is_counted_by_the_sampler_that_made_the_batch() -> None:
+    clock = StageClock("host-to-device copy", "rows")
     batch = ptl_rl.TransitionBatch(obs=np.zeros((8, 4), np.float32), reward=np.zeros(8, np.float32)).to_torch()
-    assert batch.to("cpu") is batch and HOST_TO_DEVICE.calls == 0  # nothing moved
+    batch.to("meta")  # a batch no sampler made: no clock, nothing counted anywhere
+    batch = batch.time_transfers(clock)
+    assert batch.to("cpu") is batch and clock.calls == 0  # nothing moved
     batch.to("meta")  # a device every machine has
-    assert HOST_TO_DEVICE.calls == 1 and HOST_TO_DEVICE.items == 8
+    assert clock.calls == 1 and clock.items == 8
     _, _, _, _, sampler = build()
-    next(sampler)
-    assert "host-to-device copy" in [row.stage for row in ptl_rl.profile(sampler).rows]
-    HOST_TO_DEVICE.reset()
+    sampled = next(sampler)
+    sampled.to("meta")
+    row = ptl_rl.profile(sampler)["host-to-device copy"]
+    assert row.calls == 1 and row.items == len(sampled)
 
 
 def test_a_pipeline_without_clocks_is_refused() -> None:

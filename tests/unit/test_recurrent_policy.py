@@ -334,8 +334,9 @@ def test_behind_normalize_observations_and_scale_rewards_the_sequences_match_wha
         nn.Linear(8, 1),
     )
     agent = ptl_rl.RecurrentActorCriticAgent(net, env.single_action_space, seed=0)
-    source = ptl_rl.ExperienceSource(env, agent, gamma=0.9, seed=0)
-    normalized = ptl_rl.NormalizeObservations(source)
+    norm = ptl_rl.ObservationNormalizer()
+    source = ptl_rl.ExperienceSource(env, agent, gamma=0.9, seed=0, observation_transform=norm)
+    normalized = ptl_rl.NormalizeObservations(source, norm)
     scaled = ptl_rl.ScaleRewards(normalized, gamma=0.9)
     rollout = ptl_rl.RolloutBuffer(scaled, 16, epochs=1, num_minibatches=1, sequence_length=5, seed=0)
     starts_inside = 0

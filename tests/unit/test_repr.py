@@ -41,7 +41,7 @@ def test_replay_pipeline_repr_shows_every_stage_newest_first_with_live_counters(
         "warmup": "100",
         "transitions_per_yield": "4",
     }
-    in_flight = int(np.count_nonzero(nstep._length))
+    in_flight = int(np.count_nonzero(nstep.windows._length))
     assert in_flight > 0
     assert counters(text, "NStepTransform") == {"n": "3", "gamma": "0.99", "windows_in_flight": str(in_flight)}
     assert "ExperienceSource(CartPole-v1 x4, " in text

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.core._trees import tree_leaves
+from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.replay.frames.journal import FrameJournal
 
 

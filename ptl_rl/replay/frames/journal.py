@@ -59,6 +59,26 @@ class FrameJournal(CompiledInsert):
         journal.done = True
         return slots
 
+    def settle(self) -> None:
+        """Finish an add a cut left half done (redo it from the committed bookkeeping); a no-op when none is.
+
+        A buffer calls it before every read (:class:`~ptl_rl.core.protocols.JournaledStorage`); the next
+        :meth:`add` does it too.
+        """
+        journal = self._journal
+        if journal.done:
+            return
+        if journal.snapshot is None:  # cut short before its snapshot: nothing counted changed
+            journal.snapshot = self.snapshot()
+        else:
+            self._restore_bookkeeping(journal.snapshot)
+        try:
+            for one in journal.batches:
+                self._add_chunks(one)
+        except (TypeError, ValueError):  # refused by its checks, before its first write: an error, not a cut
+            pass
+        journal.done = True
+
     def snapshot(self) -> tuple[Any, ...]:
         """The bookkeeping an :meth:`add` changes, for :meth:`restore` to roll an interrupted add back.
 

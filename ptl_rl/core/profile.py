@@ -1,81 +1,19 @@
-"""Per-stage time accounting of a pipeline, and the table that shows it.
+"""The table of where a pipeline's time goes, from its stages' clocks (:func:`profile`).
 
-Every stage owns a :class:`StageClock` (``stage.clock``) that adds up the
-nanoseconds spent in its ``next()`` (inclusive of the upstream it pulls), the
-calls and the items (rows) that passed. Work done inside a stage that deserves
-its own line (the env step and the agent call inside an ExperienceSource, the
-insert inside a ReplayBuffer, the gather and the conversion to torch inside a
-BatchSampler) has a clock of its own in ``stage.clock.parts``. The moves of
-:class:`~ptl_rl.core.batch.TorchBatch` to another device (Lightning's batch
-transfer calls ``TorchBatch.to``) go to the process-wide :data:`HOST_TO_DEVICE`.
-
-The accounting is two ``time.perf_counter_ns`` calls and three integer adds per
-``next()`` and part: nothing per row. :func:`profile` turns the clocks into a
-:class:`PipelineProfile` table; a stage's own (exclusive) time is its inclusive
-time minus its upstream's inclusive time (the upstream is only pulled from
-inside it) minus its parts.
+A stage's own (exclusive) time is its inclusive ``next()`` time minus its
+upstream's (the upstream is only pulled from inside it) minus its parts; see
+:mod:`ptl_rl.core.clock`.
 """
 
 from __future__ import annotations
 
 import html
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from ptl_rl.core.chain import pipeline_stages
-
-perf_counter_ns = time.perf_counter_ns
-
-
-class _Switch:
-    """The process-wide on/off switch of the accounting (on by default; see :func:`set_profiling`)."""
-
-    on = True
-
-
-SWITCH = _Switch()
-
-
-def set_profiling(enabled: bool) -> None:
-    """Turn the per-stage accounting of every pipeline on (the default) or off.
-
-    It costs well under 1% of collection speed (see ``benchmarks/collection.py``);
-    switch it off only to measure that.
-    """
-    SWITCH.on = bool(enabled)
-
-
-class StageClock:
-    """Time, calls and items of one stage (or one part of a stage) since the last :meth:`reset`.
-
-    ``ns``: nanoseconds inside the stage's ``next()`` (or the part), inclusive of
-    the upstream pulled there; ``items``: rows that passed (what an item is, is
-    the stage's ``unit``: env steps, transitions, rows sampled, batches).
-    """
-
-    __slots__ = ("calls", "items", "name", "ns", "parts", "since_ns", "unit")
-
-    def __init__(self, name: str, unit: str, parts: tuple[StageClock, ...] = ()) -> None:
-        self.name, self.unit, self.parts = name, unit, parts
-        self.reset()
-
-    def add(self, ns: int, items: int) -> None:
-        """Record one call that took ``ns`` nanoseconds and passed ``items`` items."""
-        self.ns += ns
-        self.calls += 1
-        self.items += items
-
-    def reset(self) -> None:
-        """Zero the counters (and those of the parts); the wall clock of the profile restarts now."""
-        self.ns = self.calls = self.items = 0
-        self.since_ns = perf_counter_ns()
-        for part in self.parts:
-            part.reset()
-
-
-HOST_TO_DEVICE = StageClock("host-to-device copy", "rows")
-"""Moves of a :class:`~ptl_rl.core.batch.TorchBatch` to another device (Lightning's batch transfer), process-wide."""
+from ptl_rl.core.clock import StageClock, perf_counter_ns
+from ptl_rl.core.protocols import Timed
 
 
 @dataclass(frozen=True)
@@ -107,7 +45,7 @@ class PipelineProfile:
     wall time spent elsewhere (the training step, Lightning, the notebook) since
     the counters were reset, so the shares sum to 1. Show it in a notebook cell
     (``_repr_html_``) or print it; :meth:`reset` zeroes the counters of the
-    pipeline (and the host-to-device clock).
+    pipeline.
     """
 
     def __init__(self, rows: list[ProfileRow], wall_s: float, clocks: list[StageClock]) -> None:
@@ -127,7 +65,6 @@ class PipelineProfile:
         """Zero every counter of the pipeline; the next :func:`profile` covers only what follows."""
         for clock in self._clocks:
             clock.reset()
-        HOST_TO_DEVICE.reset()
 
     def _cells(self) -> list[tuple[str, ...]]:
         def rate(row: ProfileRow) -> str:
@@ -170,7 +107,7 @@ def profile(last_stage: Any) -> PipelineProfile:
     counters were last reset (construction of the stages, or
     :meth:`PipelineProfile.reset`); ``outside the pipeline`` is the rest.
     """
-    stages = [s for s in pipeline_stages(last_stage) if isinstance(getattr(s, "clock", None), StageClock)]
+    stages = [s for s in pipeline_stages(last_stage) if isinstance(s, Timed)]
     if not stages:
         raise ValueError(
             f"the pipeline {[type(s).__name__ for s in pipeline_stages(last_stage)]} has no stage that keeps "
@@ -184,13 +121,12 @@ def profile(last_stage: Any) -> PipelineProfile:
     for clock in clocks:
         parts_ns = sum(p.ns for p in clock.parts)
         for part in clock.parts:
-            raw.append((part, part.ns))
+            if part.calls or not part.optional:
+                raw.append((part, part.ns))
         # a stage never pulled (a buffer filled with add()) shows its parts only
         if clock.calls:
             raw.append((clock, max(0, clock.ns - upstream_ns - parts_ns)))
             upstream_ns = clock.ns
-    if HOST_TO_DEVICE.calls:
-        raw.append((HOST_TO_DEVICE, HOST_TO_DEVICE.ns))
     wall_ns = max(now - since, sum(ns for _, ns in raw), 1)
     rows = [ProfileRow(c.name, c.calls, c.items, c.unit, ns / 1e9, ns / wall_ns) for c, ns in raw]
     outside = wall_ns - sum(ns for _, ns in raw)

@@ -8,16 +8,19 @@ from typing import Any, cast
 import torch
 
 from ptl_rl.core._reprs import stage_repr
-from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.core.batch import TorchBatch
-from ptl_rl.replay import ReplayBuffer, RolloutBuffer, SequenceReplayBuffer
-from ptl_rl.stages.nstep import NStepTransform
-from ptl_rl.core.profiling import SWITCH, StageClock, perf_counter_ns
+from ptl_rl.core.clock import SETTINGS, StageClock, perf_counter_ns
 from ptl_rl.core.protocols import Sampleable
+from ptl_rl.core.stage import Stage
+from ptl_rl.core.versions import check_version, versioned
+from ptl_rl.replay.buffer import ReplayBuffer
+from ptl_rl.replay.rollout import RolloutBuffer
+from ptl_rl.replay.sequence import SequenceReplayBuffer
+from ptl_rl.stages.nstep import NStepTransform
 from ptl_rl.stages.source import ExperienceSource
 
 
-class BatchSampler:
+class BatchSampler(Stage[TorchBatch]):
     """Yields one :class:`TorchBatch` of ``batch_size`` transitions per upstream yield.
 
     Args:
@@ -76,42 +79,49 @@ class BatchSampler:
         if pin_memory and not torch.cuda.is_available():
             raise ValueError("pin_memory=True needs a CUDA device, and torch sees none; drop pin_memory")
         _check_upstream(upstream, int(batch_size))
-        self.upstream = upstream
+        super().__init__(upstream)
         # a buffer without an upstream is filled with add(): sample it as it is instead of pulling from it
         self._standalone = isinstance(upstream, ReplayBuffer) and upstream.upstream is None
         self.batch_size = int(batch_size)
         self.device = torch.device(device) if device is not None else None
         self.pin_memory = bool(pin_memory)
-        # time accounting (ptl_rl.profile): drawing and gathering rows, then tensors (and a device copy)
+        # time accounting (ptl_rl.profile): drawing and gathering rows, tensors (and a device copy), and the
+        # moves of its batches to another device (Lightning's batch transfer calls TorchBatch.to)
         self._sample_clock = StageClock("sample", "rows")
         self._torch_clock = StageClock("conversion to torch", "rows")
-        self.clock = StageClock("sampler", "batches", (self._sample_clock, self._torch_clock))
+        self._transfer_clock = StageClock("host-to-device copy", "rows", optional=True)
+        self.clock = StageClock("sampler", "batches", (self._sample_clock, self._torch_clock, self._transfer_clock))
 
-    def __iter__(self) -> BatchSampler:
-        return self
-
-    def __next__(self) -> TorchBatch:
-        start = perf_counter_ns()
+    def step(self) -> TorchBatch:
+        """Pull the buffer (or take the standalone one) and draw one batch of ``batch_size`` rows as tensors."""
         # standalone: the upstream is the ReplayBuffer itself (a Sampleable as well as an iterator)
-        source = cast(Sampleable, self.upstream) if self._standalone else next(self.upstream)
+        source = cast(Sampleable, self.upstream) if self._standalone else self.pull()
         try:  # a Sampleable; checked here, as what a plain iterator yields is only known now
             sample = source.sample
         except AttributeError:
             raise TypeError(
                 _nothing_to_sample(f"its upstream yielded a {type(source).__name__}", self.batch_size)
             ) from None
-        if not SWITCH.on:
+        if not SETTINGS.profiling:
             return sample(self.batch_size).to_torch(self.device, pin_memory=self.pin_memory)
         t0 = perf_counter_ns()
         batch = sample(self.batch_size)
         t1 = perf_counter_ns()
-        out = batch.to_torch(self.device, pin_memory=self.pin_memory)
+        out = batch.to_torch(self.device, pin_memory=self.pin_memory).time_transfers(self._transfer_clock)
         t2 = perf_counter_ns()
         rows = len(batch)
         self._sample_clock.add(t1 - t0, rows)
         self._torch_clock.add(t2 - t1, rows)
-        self.clock.add(t2 - start, 1)
         return out
+
+    def snapshot(self) -> object:
+        return None  # no state of its own: the sampling RNG lives in the buffer
+
+    def restore(self, snapshot: Any) -> None:
+        pass
+
+    def count(self, out: Any) -> int:
+        return 1  # batches
 
     def __repr__(self) -> str:
         """``BatchSampler(batch_size=..., [device=...])`` and the chain upstream."""

@@ -1,0 +1,332 @@
+"""The :class:`MinariRecorder` stage: a source's 1-step batches passed on unchanged and written as Minari episodes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, cast
+
+import numpy as np
+from gymnasium import spaces
+
+from ptl_rl.core._grouping import rank_within_group
+from ptl_rl.core._reprs import stage_repr
+from ptl_rl.core._trees import tree_assign, tree_leaves, tree_map, tree_take
+from ptl_rl.core.batch import TransitionBatch
+from ptl_rl.core.protocols import NumberedStream, PerEnvStream
+from ptl_rl.offline.reader import check_space_kind, import_minari
+from ptl_rl.offline.writer import check_new_dataset_id, create_dataset, store_env_spec
+
+__all__ = ["MinariRecorder"]
+
+
+_RECORDED_FIELDS = ("obs", "action", "reward", "terminated", "truncated")
+
+
+def rows_equal_nan_as_equal(a: Any, b: Any, rows: int) -> np.ndarray:
+    """Row-wise equality of two (dicts of) arrays [B, ...] (``rows`` = B) by value -> bool [B]; NaN equals NaN.
+
+    Values, not bytes (as ``frames.pool.rows_bitwise_equal`` compares): a recorded observation and the next
+    step's are the same observation whatever NaN payload or zero sign they carry. ``rows`` is passed, not read
+    from a leaf: a tree without leaves (an empty Dict observation) has B rows that are all equal.
+    """
+    result = np.ones(rows, dtype=bool)
+    for (_, x), (_, y) in zip(tree_leaves(a), tree_leaves(b), strict=True):
+        same = x == y
+        if x.dtype.kind in "fc":
+            same |= np.isnan(x) & np.isnan(y)
+        result &= same.reshape(len(same), -1).all(axis=1)
+    return result
+
+
+class MinariRecorder:
+    """Passes 1-step batches through unchanged and writes their episodes to a new Minari dataset.
+
+    Put it right after an :class:`~ptl_rl.stages.source.ExperienceSource` (before any
+    :class:`~ptl_rl.stages.nstep.NStepTransform`): ``ExperienceSource -> MinariRecorder
+    -> NStepTransform -> ...``, or iterate it alone to only record. It groups
+    rows by ``env_id`` into episodes and writes an episode when its last row
+    (terminated or truncated) passes, with ``observations`` = the rows' ``obs``
+    followed by the last row's ``next_obs`` (the real final observation, which
+    the source provides in every autoreset mode). So what is stored is exactly
+    what the source yielded, whatever the env's autoreset mode; loading it with
+    :class:`MinariSource` gives the same rows back.
+
+    Args:
+        upstream: an iterator of 1-step batches whose rows of one ``env_id``
+            are consecutive steps in time order (an ExperienceSource), or
+            ``None`` to feed :meth:`record` by hand.
+        dataset_id: the new dataset's id, ``(namespace/)name-v<version>``,
+            created under ``$MINARI_DATASETS_PATH`` (default ``~/.minari/datasets``).
+        env: the env whose spaces and spec are recorded; default ``upstream.env``.
+            A vector env's single-env spaces are used.
+        observation_space, action_space: override the spaces (default: the env's;
+            a float64 Box becomes float32 when the stored observations are float32).
+        partial_episodes: what happens to episodes still running at :meth:`close`
+            and where the upstream's streams are cut (:meth:`end_episodes`):
+            ``"truncate"`` (default) writes them with ``truncated`` set on their
+            last step (bootstrap from its ``next_obs``, as Minari's DataCollector
+            and :meth:`NStepTransform.flush` do); ``"drop"`` discards them.
+        flush_every: finished episodes kept in memory before they are written.
+        **metadata: passed to ``minari.create_dataset_from_buffers``
+            (``author``, ``author_email``, ``code_permalink``, ``description``,
+            ``algorithm_name``, ``eval_env``, ``requirements``, ...).
+
+    A skipped ``stream_seq`` number upstream (the source reset every sub-env
+    after a crash, an interrupt or a restore, or a batch was pulled past the
+    recorder) cuts every running episode there, and recording goes on; the
+    recorder's own ``stream_seq`` (the upstream's number of the batch it passed
+    on last) lets the stages behind it see the cut too.
+
+    Agent extras are not recorded (Minari has no per-transition slot for them
+    besides ``infos``). Image observations are stored losslessly
+    (``jpeg_encoding=False``). Call :meth:`close` (or use ``with``) at the end:
+    it writes what is left and returns the ``minari.MinariDataset``.
+    """
+
+    one_row_per_env = True  # passes its upstream's batches through unchanged
+
+    def __init__(
+        self,
+        upstream: Iterator[TransitionBatch] | None,
+        dataset_id: str,
+        *,
+        env: Any = None,
+        observation_space: spaces.Space | None = None,
+        action_space: spaces.Space | None = None,
+        partial_episodes: str = "truncate",
+        flush_every: int = 32,
+        **metadata: Any,
+    ) -> None:
+        import_minari()  # fail here, with the install hint, when Minari is missing
+        if partial_episodes not in ("truncate", "drop"):
+            raise ValueError(f"partial_episodes must be 'truncate' or 'drop', got {partial_episodes!r}")
+        if flush_every < 1:
+            raise ValueError(f"flush_every must be >= 1, got {flush_every}")
+        self.upstream = upstream
+        self.one_row_per_env = isinstance(upstream, PerEnvStream) and bool(upstream.one_row_per_env)
+        self._upstream_numbered = isinstance(upstream, NumberedStream)  # its stream_seq is read at every pull
+        self.dataset_id = str(dataset_id)
+        self.partial_episodes = partial_episodes
+        self.flush_every = int(flush_every)
+        self._env = env = env if env is not None else getattr(upstream, "env", None)
+        # `is None`, not `or`: a space can be falsy (an empty Dict has len 0) and is still the one asked for
+        if observation_space is None or action_space is None:
+            if env is None:
+                raise ValueError(
+                    "MinariRecorder needs the env's spaces: pass env=..., or observation_space= and action_space=, "
+                    "or record an ExperienceSource (its env is used)"
+                )
+            vector = hasattr(env, "single_observation_space")
+            if observation_space is None:
+                observation_space = env.single_observation_space if vector else env.observation_space
+            if action_space is None:
+                action_space = env.single_action_space if vector else env.action_space
+        self._observation_space: spaces.Space = observation_space
+        self._action_space: spaces.Space = action_space
+        check_space_kind(self._observation_space, "observation", self.dataset_id)
+        check_space_kind(self._action_space, "action", self.dataset_id)
+        self._metadata = {"algorithm_name": "ptl_rl.MinariRecorder", **metadata}
+        check_new_dataset_id(self.dataset_id)
+
+        self.dataset: Any = None  # created with the first written episodes (their dtypes fix the spaces)
+        self.episodes_written = 0
+        self.steps_written = 0
+        self.closed = False
+        self._finished: list[Any] = []  # minari EpisodeBuffers not yet written
+        self._steps: dict[str, Any] | None = None  # field -> [E, capacity, ...]: each env's episode so far
+        self._last_next_obs: Any = None  # [E, ...]: next_obs of each env's last row
+        self._length = np.zeros(0, dtype=np.int64)  # steps of each env's running episode
+        self._upstream_seq: int | None = None  # stream_seq of the last upstream batch recorded
+        # the upstream's number of the batch passed on last, so that a stage behind the recorder (an
+        # NStepTransform) sees the cuts in the envs' streams too; None if the upstream has no numbers
+        self.stream_seq: int | None = None
+
+    # ------------------------------------------------------------------ iteration
+    def __iter__(self) -> MinariRecorder:
+        return self
+
+    def __next__(self) -> TransitionBatch:
+        if self.upstream is None:
+            raise TypeError("this MinariRecorder has no upstream; call record(batch) instead")
+        batch = next(self.upstream)
+        seq = cast(NumberedStream, self.upstream).stream_seq if self._upstream_numbered else None
+        # a skipped number: the envs' streams were cut (a resync after a crash or interrupt, a restore) or
+        # someone else pulled batches (a peek); the running episodes cannot be continued by this batch
+        if seq is not None and self._upstream_seq is not None and seq != self._upstream_seq + 1:
+            self.end_episodes()
+        self.record(batch, one_row_per_env=self.one_row_per_env)
+        # set only once the batch is recorded: a batch lost to an error shows up as a gap next time
+        self._upstream_seq = self.stream_seq = seq
+        return batch
+
+    def __enter__(self) -> MinariRecorder:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.closed:
+            self.close()
+
+    # ------------------------------------------------------------------ recording
+    def record(self, batch: TransitionBatch, one_row_per_env: bool = False) -> None:
+        """Add the rows of ``batch``; episodes that end in it are queued for writing.
+
+        Rows of one ``env_id`` must continue that env's episode: a row's ``obs``
+        must equal the previous row's ``next_obs``, else ValueError (the batches
+        are not consecutive 1-step transitions, e.g. n-step output). ``batch``
+        may hold several steps of one env, in time order; ``one_row_per_env=True``
+        promises it holds at most one, which skips a check.
+        """
+        if self.closed:
+            raise RuntimeError(f"MinariRecorder for {self.dataset_id!r} is closed; record into a new one")
+        if not len(batch):
+            return
+        env_id = np.asarray(batch["env_id"])
+        if one_row_per_env or len(np.unique(env_id)) == len(env_id):
+            self._record_unique(batch, env_id)
+        else:  # several steps of one env in one batch: add them occurrence by occurrence, in time order
+            occurrence = rank_within_group(env_id)
+            for k in range(int(occurrence.max()) + 1):
+                rows = np.flatnonzero(occurrence == k)
+                self._record_unique(batch.rows(rows), env_id[rows])
+        if len(self._finished) >= self.flush_every:
+            self._write()
+
+    def _record_unique(self, batch: TransitionBatch, env: np.ndarray) -> None:
+        self._ensure_capacity(batch, int(env.max()) + 1)
+        length = self._length[env]
+        running = np.flatnonzero(length > 0)
+        if len(running):
+            same = rows_equal_nan_as_equal(
+                tree_take(self._last_next_obs, env[running]), tree_take(batch["obs"], running), len(running)
+            )
+            if not same.all():
+                bad = int(env[running[~same][0]])
+                raise ValueError(
+                    f"MinariRecorder: the obs of env_id {bad}'s new row differs from the next_obs of its previous "
+                    "row, so the rows are not consecutive 1-step transitions of one episode. Record the batches of "
+                    "an ExperienceSource directly (ExperienceSource -> MinariRecorder -> NStepTransform), not "
+                    "n-step or sampled batches"
+                )
+        steps = self._grow_steps(int(length.max()) + 1)
+        for name in _RECORDED_FIELDS:
+            tree_assign(steps[name], (env, length), batch[name])
+        tree_assign(self._last_next_obs, env, batch["next_obs"])
+        self._length[env] = length + 1
+        ended = np.flatnonzero(np.asarray(batch["terminated"]) | np.asarray(batch["truncated"]))
+        for e in env[ended].tolist():  # one Python step per finished episode, not per transition
+            self._finish(e, truncate=False)
+
+    def end_episodes(self) -> None:
+        """Cut every running episode, as ``partial_episodes`` says: queue it as truncated, or drop it.
+
+        Called by the recorder itself when its upstream's ``stream_seq`` skips a
+        number (the source reset its envs after a crash, an interrupt or a
+        restore, or its batches were pulled elsewhere); public for a recorder
+        fed by hand with :meth:`record`, whose caller knows where its streams
+        were cut. The next row of each ``env_id`` starts a new episode.
+        """
+        if self.closed:
+            raise RuntimeError(f"MinariRecorder for {self.dataset_id!r} is closed; record into a new one")
+        if self._steps is not None and self.partial_episodes == "truncate":
+            for env in np.flatnonzero(self._length > 0).tolist():
+                self._finish(env, truncate=True)
+        self._length[:] = 0
+
+    def _finish(self, env: int, truncate: bool) -> None:
+        """Queue env ``env``'s episode (copies of its steps and final observation) and empty its slot."""
+        from minari.data_collector.episode_buffer import EpisodeBuffer  # optional dependency: imported on use
+
+        length = int(self._length[env])
+        recorded = self._steps
+        assert recorded is not None  # an episode to finish has steps, recorded into the allocated arrays
+        steps = {name: tree_map(lambda a: a[env, :length].copy(), s) for name, s in recorded.items()}
+        final = tree_map(lambda a: a[env : env + 1].copy(), self._last_next_obs)
+        if truncate:
+            steps["truncated"][-1] = True
+        observations = tree_map(lambda o, f: np.concatenate([o, f]), steps["obs"], final)
+        self._finished.append(
+            EpisodeBuffer(
+                observations=observations,
+                actions=steps["action"],
+                rewards=steps["reward"],
+                terminations=steps["terminated"],
+                truncations=steps["truncated"],
+            )
+        )
+        self._length[env] = 0
+
+    def close(self) -> Any:
+        """Write the finished episodes, handle the running ones (``partial_episodes``); return the dataset.
+
+        Returns the ``minari.MinariDataset`` (``None`` if not a single step was
+        recorded: Minari has no empty datasets).
+        """
+        if self.closed:
+            return self.dataset
+        self.end_episodes()
+        self._write()
+        self.closed = True
+        return self.dataset
+
+    def _write(self) -> None:
+        if not self._finished:
+            return
+        episodes, self._finished = self._finished, []
+        if self.dataset is None:
+            self.dataset = create_dataset(
+                self.dataset_id, episodes[0], self._observation_space, self._action_space, self._metadata
+            )
+            self.dataset = store_env_spec(self.dataset, self._env, self.dataset_id)
+        self.dataset.storage.update_episodes(episodes)
+        self.dataset.episode_indices = np.arange(self.dataset.storage.total_episodes)
+        self.episodes_written += len(episodes)
+        self.steps_written += sum(len(e.rewards) for e in episodes)
+
+    # ------------------------------------------------------------------ storage
+    def _ensure_capacity(self, batch: TransitionBatch, num_envs: int) -> None:
+        steps = self._steps
+        if steps is None:
+            self._steps = steps = {
+                name: tree_map(lambda a: np.zeros((0, 0, *a.shape[1:]), dtype=a.dtype), batch[name])
+                for name in _RECORDED_FIELDS
+            }
+            self._last_next_obs = tree_map(lambda a: np.zeros((0, *a.shape[1:]), dtype=a.dtype), batch["next_obs"])
+        if num_envs <= len(self._length):
+            return
+        grow = num_envs - len(self._length)
+        self._steps = {
+            name: tree_map(lambda a: np.concatenate([a, np.zeros((grow, *a.shape[1:]), a.dtype)]), s)
+            for name, s in steps.items()
+        }
+        self._last_next_obs = tree_map(
+            lambda a: np.concatenate([a, np.zeros((grow, *a.shape[1:]), a.dtype)]), self._last_next_obs
+        )
+        self._length = np.concatenate([self._length, np.zeros(grow, dtype=np.int64)])
+
+    def _grow_steps(self, needed: int) -> dict[str, Any]:
+        """Room for ``needed`` steps per env; returns the step arrays (``_ensure_capacity`` allocated them)."""
+        steps = self._steps
+        assert steps is not None  # allocated by _ensure_capacity, which runs first
+        capacity = steps["reward"].shape[1]
+        if needed <= capacity:
+            return steps
+        size = max(needed, 2 * capacity, 64)  # doubling: an episode of T steps costs O(log T) copies
+        self._steps = steps = {
+            name: tree_map(
+                lambda a: np.concatenate([a, np.zeros((a.shape[0], size - a.shape[1], *a.shape[2:]), a.dtype)], 1), s
+            )
+            for name, s in steps.items()
+        }
+        return steps
+
+    # ------------------------------------------------------------------ repr
+    def __repr__(self) -> str:
+        """``MinariRecorder(<dataset id>, episodes_written=..., steps_written=..., running=...)``."""
+        running = int(np.count_nonzero(self._length))
+        return stage_repr(
+            self,
+            self.dataset_id,
+            episodes_written=self.episodes_written,
+            steps_written=self.steps_written,
+            running=running,
+        )
