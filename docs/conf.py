@@ -60,7 +60,12 @@ html_static_path: list[str] = []
 nitpicky = True
 # Modules have no pages of their own (objects are documented under the names users import), so a :mod: reference
 # stays plain text.
-nitpick_ignore_regex = [(r"py:.*", r"(?!ptl_rl\b).*"), (r"py:mod", r".*")]
+nitpick_ignore_regex = [
+    (r"py:.*", r"(?!ptl_rl\b).*"),
+    (r"py:mod", r".*"),
+    # type variables: a signature's placeholder (a stage's output type, a callable's result), no object to link
+    (r"py:(class|obj)", r"ptl_rl\.core\.(stage|guard|protocols)\.(T|T_co|R)"),
+]
 # Internal helpers that docstrings name for the curious reader but that are not part of the API.
 nitpick_ignore = [
     ("py:class", "ptl_rl.distributed.common.StalenessTracker"),

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from ptl_rl.core.batch import TransitionBatch
     from ptl_rl.core.clock import StageClock
-    from ptl_rl.stages.source import Episode
+    from ptl_rl.core.episode import Episode
 
 __all__ = [
     "ActingStage",

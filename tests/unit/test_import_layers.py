@@ -1,9 +1,14 @@
 """No import cycle inside ``ptl_rl``: its modules form layers, each importing only the ones below it.
 
-The graph is read from the source with ``ast``, not by importing: every ``import`` statement that can run counts,
-also one inside a function (a lazy import that papers over a cycle). Imports under ``if TYPE_CHECKING:`` never run
-and only name types for annotations (type checkers resolve cycles among those), so they are left out. Importing
-``a.b.c`` from outside the package ``a.b`` also runs ``a/b/__init__.py``, so that package is an edge too.
+The graph is read from the source with ``ast``, not by importing: every ``import`` statement counts, also one
+inside a function (a lazy import that papers over a cycle) and one under ``if TYPE_CHECKING:`` (a type-only
+import is a dependency of the design too: a module that needs another's types to be read sits above it). The one
+exception is the package's face, ``ptl_rl/__init__.py``, whose ``TYPE_CHECKING`` imports are the list of the
+public API and never run. Importing ``a.b.c`` from outside the package ``a.b`` also runs ``a/b/__init__.py``, so
+that package is an edge too.
+
+On top of no cycle between modules, the subpackages form layers (:data:`LAYERS`): a package imports only from
+lower layers, and every module holds one concept in at most ~400 lines (:data:`MAX_LINES`).
 """
 
 from __future__ import annotations
@@ -57,15 +62,15 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement of ``tree`` at any depth, except those only under ``if TYPE_CHECKING:``."""
+def imports(tree: ast.AST, type_checking: bool = True) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``tree`` at any depth; those under ``if TYPE_CHECKING:`` only if ``type_checking``."""
     found = []
     pending = [tree]
     while pending:
         node = pending.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found.append(node)
-        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+        elif isinstance(node, ast.If) and _is_type_checking(node.test) and not type_checking:
             pending.extend(node.orelse)  # the body never runs; an else branch does
             continue
         pending.extend(ast.iter_child_nodes(node))
@@ -73,13 +78,17 @@ def runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
 
 
 def import_graph(root: Path, package: str) -> dict[str, set[str]]:
-    """Module -> the modules of ``package`` it imports anywhere in its source (functions included)."""
+    """Module -> the modules of ``package`` it imports anywhere in its source (functions and type-only included).
+
+    The package's own ``__init__`` counts only its run-time imports: its type-only ones list the public API.
+    """
     modules = module_files(root, package)
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
         edges: set[str] = set()
-        for node in runtime_imports(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in imports(tree, type_checking=name != package):
             for target in _targets(node, name, is_package, root, package):
                 # the packages above a module run first, except those the importer is already inside
                 above = [p for p in _ancestors(target) if p != name and p not in _ancestors(name)]
@@ -173,9 +182,66 @@ def test_a_package_importing_its_own_modules_is_no_cycle(tmp_path):
     assert find_cycle(graph) is None
 
 
-def test_imports_for_annotations_only_are_no_cycle_but_the_same_import_in_a_function_is(tmp_path):
+def test_imports_for_annotations_only_are_a_cycle_too_except_in_the_package_face(tmp_path):
     typing_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import A\n"
     root = _write(tmp_path, {"__init__.py": "", "a.py": "import pkg.b\nclass A: ...\n", "b.py": typing_only})
-    assert find_cycle(import_graph(root, "pkg")) is None
-    (root / "b.py").write_text(typing_only + "def f():\n    from pkg.a import A\n    return A\n")
     assert find_cycle(import_graph(root, "pkg")) == ["pkg.a", "pkg.b", "pkg.a"]
+    (root / "b.py").write_text("x = 1\n")
+    (root / "__init__.py").write_text(typing_only)  # the face's list of names: a.py importing pkg.b runs it
+    assert find_cycle(import_graph(root, "pkg")) is None
+
+
+# ---------------------------------------------------------------------------- layers of packages
+#: The subpackages (and stand-alone modules) bottom up. A module imports from its own package or from a
+#: lower layer only; packages in one layer do not import each other. See docs/design/layering.md.
+LAYERS: list[set[str]] = [
+    {"ptl_rl.core"},
+    {"ptl_rl.agents", "ptl_rl.envs", "ptl_rl.normalization"},
+    {"ptl_rl.stages"},
+    {"ptl_rl.replay", "ptl_rl.evaluation", "ptl_rl.video"},
+    {"ptl_rl.lightning"},
+    {"ptl_rl.distributed", "ptl_rl.offline", "ptl_rl.callbacks"},
+    {"ptl_rl.examples"},
+]
+
+
+def package_of(module: str) -> str:
+    """``ptl_rl.replay.frames.pool`` -> ``ptl_rl.replay``; the face ``ptl_rl`` is its own."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_every_module_belongs_to_a_layer():
+    layered = set().union(*LAYERS)
+    graph = import_graph(REPO / "ptl_rl", "ptl_rl")
+    loose = sorted({package_of(m) for m in graph} - layered - {"ptl_rl"})
+    assert not loose, f"place {loose} in LAYERS (and in the module map of docs/design/layering.md)"
+
+
+def test_imports_run_down_the_layers():
+    level = {package: i for i, layer in enumerate(LAYERS) for package in layer}
+    graph = import_graph(REPO / "ptl_rl", "ptl_rl")
+    upward = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module != "ptl_rl"
+        for target in targets
+        if target != "ptl_rl"
+        and package_of(target) != package_of(module)
+        and level[package_of(target)] >= level[package_of(module)]
+    )
+    assert not upward, "imports that do not run down the layers:\n" + "\n".join(upward)
+
+
+MAX_LINES = 400
+#: Modules allowed above MAX_LINES, each with the reason it is one concept.
+LONG_MODULES: dict[str, str] = {}
+
+
+def test_one_concept_per_module_in_at_most_400_lines():
+    too_long = {
+        str(path.relative_to(REPO)): n
+        for path in sorted((REPO / "ptl_rl").rglob("*.py"))
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+        and str(path.relative_to(REPO)) not in LONG_MODULES
+    }
+    assert not too_long, f"modules over {MAX_LINES} lines (split them by concept): {too_long}"
