@@ -7,7 +7,7 @@ only that list: type checkers and IDEs read it as imports, and at run time
 :func:`_public_api` reads the same lines to import each name from its module
 on first use (PEP 562 ``__getattr__``). ``import ptl_rl`` itself loads
 nothing heavy: the names load torch and Lightning, about 10 s on a busy CPU,
-and a command line such as ``python -m ptl_rl.examples.dqn --help`` (whose
+and a command line such as ``python -m ptl_rl.examples.plot --help`` (whose
 parent package is this one) should answer before that.
 """
 

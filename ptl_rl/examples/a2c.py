@@ -4,8 +4,8 @@
 
 Read it top to bottom, CleanRL style:
 
-1. ``parse_args``: every hyperparameter is a flag (the shared ones come from
-   ``ptl_rl.examples.cli``, parsed before torch is imported); the defaults are
+1. ``parse_args``: every hyperparameter is a flag (the shared ones, and the
+   env check, come from ``ptl_rl.examples.cli``); the defaults are
    rl-baselines3-zoo's A2C for CartPole-v1 (8 envs, 5-step rollouts, RMSprop,
    no advantage normalization, lambda 1: n-step returns bootstrapped by the
    critic, gradient norm clipped to 0.5).
@@ -15,23 +15,37 @@ Read it top to bottom, CleanRL style:
    policy-gradient + value-regression step. A Lightning epoch here spans
    ``--rollouts-per-epoch`` rollouts (a multiple of the rollout length is all
    the DataLoader needs, and per-epoch overhead stays small).
-4. ``train``: builds the vector env, the ``ActorCriticAgent`` and the pipeline
-   ``ExperienceSource -> RolloutBuffer``, and hands them to
-   ``ptl_rl.examples.harness.run``: every ``--eval-every`` env steps the greedy
-   policy plays on a separate env, and training stops once its mean return
-   reaches ``--solved-return`` and fresh episodes confirm it (the env-step count
-   then is "steps to 475"); then the final evaluation and the run directory.
+4. ``Evaluation``: every ``--eval-every`` env steps the greedy policy plays on
+   a separate env, and training stops once its mean return reaches
+   ``--solved-return`` and fresh episodes confirm it (the env-step count then
+   is "steps to 475").
+5. ``train``: the vector env, the ``ActorCriticAgent`` and the pipeline
+   ``ExperienceSource -> RolloutBuffer``; then the Trainer (``max_steps`` = the
+   rollouts the budget buys, one gradient step each) with its callbacks,
+   ``fit``, the final evaluation on fresh episodes and the summary (written
+   down by ``ptl_rl.examples.reporting``).
 """
 
-# ruff: noqa: E402 - torch, Lightning and ptl_rl's stages are imported after parse_args on purpose (see below)
 from __future__ import annotations
 
 import argparse
+import datetime
+import math
 from typing import TYPE_CHECKING, Any
 
+import gymnasium as gym
+import numpy as np
+import pytorch_lightning as pl
+import torch
 from gymnasium import spaces
+from torch import nn
 
-from ptl_rl.examples import cli
+import ptl_rl
+from ptl_rl.examples import cli, reporting
+from ptl_rl.examples.quiet import quiet_lightning
+
+if TYPE_CHECKING:
+    from lightning_fabric.utilities.data import AttributeDict
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -52,25 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--norm-adv", default="none", choices=["minibatch", "rollout", "none"], help="advantage normalization"
     )
     a.add_argument("--hidden", type=int, default=64, help="width of the two hidden layers")
-    # fails here, with the usage line, for a mistyped or unsuitable env: before the imports below
+    # a mistyped or unsuitable env ends here, with the usage line and the reason
     box_or_discrete = (spaces.Discrete, spaces.MultiDiscrete, spaces.Box)
     return cli.parse(p, argv, box_or_discrete, "A2C")[0]
-
-
-if __name__ == "__main__":
-    ARGS = parse_args()  # --help and argument errors end here, in about a second
-
-import gymnasium as gym
-import numpy as np
-import pytorch_lightning as pl
-import torch
-from torch import nn
-
-import ptl_rl
-from ptl_rl.examples import harness
-
-if TYPE_CHECKING:
-    from lightning_fabric.utilities.data import AttributeDict
 
 
 # ---------------------------------------------------------------------------- networks
@@ -134,18 +132,54 @@ def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
 
 
-def greedy_agent(actor: nn.Module, env: gym.vector.VectorEnv) -> ptl_rl.StochasticPolicyAgent:
+def greedy_agent(actor: nn.Module, action_space: gym.Space) -> ptl_rl.StochasticPolicyAgent:
     """The policy's mode (argmax / Gaussian mean)."""
-    return ptl_rl.StochasticPolicyAgent(actor, env.single_action_space, greedy=True)
+    return ptl_rl.StochasticPolicyAgent(actor, action_space, greedy=True)
+
+
+class Evaluation(pl.Callback):
+    """Every ``--eval-every`` env steps the greedy policy plays ``--eval-episodes`` episodes in ``env``.
+
+    Once their mean return reaches ``--solved-return``, ``--confirm-episodes`` episodes from start states no
+    evaluation has used must reach it too, and only then does training stop (the env-step count then is
+    "steps to 475" on CartPole): a policy that crossed by luck of the start states keeps training. Each batch
+    is a whole rollout, so every batch end is a rollout boundary. ``run`` plays and records each evaluation.
+    """
+
+    def __init__(self, args: argparse.Namespace, run: reporting.Run, source: ptl_rl.ExperienceSource, env: Any) -> None:
+        self.args, self.run, self.source, self.env = args, run, source, env
+        self.next_eval = args.eval_every
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, *unused: Any) -> None:
+        args, steps = self.args, self.source.total_steps
+        if steps < self.next_eval:
+            return
+        self.next_eval = steps - steps % args.eval_every + args.eval_every
+        agent = greedy_agent(pl_module.actor, self.env.single_action_space)
+        mean = self.run.evaluate("eval", self.env, agent, args.eval_episodes)
+        pl_module.log("eval/return_mean", mean, prog_bar=True, on_step=True, on_epoch=False)
+        target = args.solved_return
+        if target is not None and mean >= target and args.confirm_episodes:
+            mean = self.run.evaluate("confirm", self.env, agent, args.confirm_episodes)
+            pl_module.log("eval/confirm_return_mean", mean, on_step=True, on_epoch=False)
+        if target is not None and mean >= target:
+            self.run.solved()
+            trainer.should_stop = True
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.env.close()
 
 
 # ---------------------------------------------------------------------------- training
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Train, then evaluate the final weights; returns the run's summary (see ``harness.run``)."""
-    harness.set_up(args)
+    """Train, evaluate the final weights on fresh episodes, print one line; returns the run's summary."""
+    torch.set_num_threads(args.threads)
+    pl.seed_everything(args.seed, verbose=False)
     env = make_env(args.env_id, args.num_envs)
-    obs_dim = harness.flat_size(env.single_observation_space)
-    model = A2C(obs_dim, env.single_action_space, args)
+    obs_space, action_space = env.single_observation_space, env.single_action_space
+    assert isinstance(obs_space, spaces.Box)  # cli.parse checked
+    obs_dim = int(np.prod(obs_space.shape))
+    model = A2C(obs_dim, action_space, args)
 
     # ExperienceSource -> RolloutBuffer: 5 steps per env, returns and advantages, the rollout as one batch
     source = ptl_rl.ExperienceSource(env, model.agent, gamma=args.gamma, seed=args.seed)
@@ -158,30 +192,53 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         normalize_advantage=None if args.norm_adv == "none" else args.norm_adv,
         seed=args.seed,
     )
-    # an epoch length that is a multiple of batches_per_rollout (= 1 here); sized, so Lightning never prefetches
-    loader = ptl_rl.to_dataloader(rollout, steps_per_epoch=args.rollouts_per_epoch * rollout.batches_per_rollout)
-    return harness.run(
-        harness.Experiment(
-            "a2c",
-            args,
-            model,
-            rollout,
-            loader,
-            make_env=lambda n: make_env(args.env_id, n),
-            greedy_agent=lambda module: greedy_agent(module.actor, env),
-            config={"obs_dim": obs_dim, "action_space": str(env.single_action_space)},
-            max_rollouts=harness.rollouts_for(args.env_steps, args.num_envs, args.steps_per_env),  # rounded up
+    # an epoch of --rollouts-per-epoch rollouts; sized, so Lightning never prefetches a batch of stale weights
+    loader = ptl_rl.to_dataloader(rollout, steps_per_epoch=args.rollouts_per_epoch)
+    # --env-steps rounded up to whole rollouts (--help says so); one gradient step per rollout
+    num_rollouts = max(1, math.ceil(args.env_steps / (args.num_envs * args.steps_per_env)))
+
+    # ---------------------------------------------------------------------------- the Trainer
+    run = reporting.Run("a2c", args, model, source, config={"obs_dim": obs_dim, "action_space": str(action_space)})
+    callbacks: list[pl.Callback] = [run, ptl_rl.EpisodeStatsLogger(rollout, every_n_steps=args.log_every)]
+    if args.eval_every:
+        callbacks.append(Evaluation(args, run, source, make_env(args.env_id, args.eval_episodes)))
+    if args.video_every:  # greedy episodes filmed in an env of their own, into <run directory>/videos/
+        video_env = gym.make(args.env_id, render_mode="rgb_array")
+        callbacks.append(run.video(rollout, video_env, lambda module: greedy_agent(module.actor, action_space)))
+    if args.progress_bar:
+        callbacks.append(reporting.EnvStepsProgressBar(source, refresh_rate=args.log_every))
+    with quiet_lightning():  # Lightning's lines that ask nothing of the user (no GPU here, ...)
+        trainer = pl.Trainer(
+            accelerator=args.accelerator,
+            devices=1,
+            max_epochs=-1,
+            max_steps=num_rollouts,  # the budget: one optimizer step per rollout
+            max_time=datetime.timedelta(seconds=args.time_limit) if args.time_limit else None,
+            gradient_clip_val=args.grad_clip,  # A2C optimizes automatically: Lightning clips
+            logger=run.loggers or False,
+            log_every_n_steps=args.log_every,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=args.progress_bar,
+            callbacks=callbacks,
         )
+        trainer.fit(model, train_dataloaders=loader)
+    env.close()
+
+    # ---------------------------------------------------------------------------- final evaluation, summary
+    if args.final_eval_episodes:  # the final weights, greedy, on fresh episodes
+        final_env = make_env(args.env_id, args.final_eval_episodes)
+        run.evaluate("final", final_env, greedy_agent(model.cpu().actor, action_space), args.final_eval_episodes)
+        final_env.close()
+    summary = run.finish(
+        trainer,
+        rollouts=rollout.rollouts_collected,  # env_steps: those taken, in whole rollouts
+        env_steps_budget=args.env_steps,
+        env_steps_per_rollout=args.num_envs * args.steps_per_env,
     )
-
-
-def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
-    """Parse ``argv`` (or take parsed args), train, print a one-line report; returns the summary."""
-    args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv)
-    summary = train(args)
-    print(harness.report(summary))
+    print(reporting.summary_line(summary))
     return summary
 
 
 if __name__ == "__main__":
-    main(ARGS)
+    train(parse_args())

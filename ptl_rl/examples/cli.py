@@ -1,12 +1,13 @@
-"""The examples' command line: the flags every example shares, and the env check, all before any heavy import.
+"""The examples' command line: the flags every example shares, and the env check.
 
 An example builds its parser with :func:`example_parser` (the run, logging,
 limits and evaluation flags), adds its algorithm's flags, and finishes with
-:func:`parse`, which also runs :func:`check_env`. Only ``argparse``,
-``gymnasium`` and the standard-library :mod:`ptl_rl.examples.runs` are imported
-here: ``--help`` and a mistyped env id answer in about a second, without
-loading torch or Lightning (the examples import those inside ``train``, after
-parsing).
+:func:`parse`, which also runs :func:`check_env`: an unknown id gets the close
+matches, an Atari id without ale-py the install line, an env the algorithm
+cannot run the reason. Argument parsing only: what an example does with the
+flags (its Trainer, callbacks and evaluations) is written out in the example.
+Only ``argparse``, ``gymnasium`` and the standard-library
+:mod:`ptl_rl.examples.runs` are imported here.
 
 Errors end with argparse's usage line and a one-line reason (exit status 2)
 instead of a traceback from deep inside the run.
@@ -238,7 +239,7 @@ def parse(
     """Parse ``argv``, check the shared flags and the env (:func:`check_env`); returns the args and the closed env.
 
     The env check builds the env once, so a typo or an env the algorithm
-    cannot run ends here, before torch and Lightning are imported. Without
+    cannot run ends here, before anything is built or trained. Without
     ``--solved-return`` the target is the env's registered ``reward_threshold``,
     else ``solved_returns[env_id]`` (targets for envs registered without one,
     e.g. ``{"Pendulum-v1": -200.0}``), else none.

@@ -3,19 +3,17 @@
     python -m ptl_rl.examples.dqn --env-id CartPole-v1 --env-steps 50000 --seed 0
     python -m ptl_rl.examples.dqn --rainbow   # Rainbow-lite: prioritized replay + 3-step returns + dueling head
 
-Read it top to bottom, CleanRL style:
+One algorithm in one file, CleanRL style; read it top to bottom:
 
 1. ``parse_args``: every hyperparameter is a flag (the shared ones, run
-   directory, limits and evaluation, come from ``ptl_rl.examples.cli``); the
-   defaults solve CartPole-v1 (greedy mean return >= 475, confirmed on fresh
-   episodes) in about 15k env steps and a few CPU seconds. It runs before torch
-   and Lightning are imported, so ``--help`` and a mistyped ``--env-id`` answer
-   at once.
-   Plain DQN (uniform replay, 1-step returns, max-Q targets) is ``--n-step 1
-   --no-double``: double DQN targets are on in every configuration until
-   ``--no-double`` turns them off.
-   ``--rainbow`` switches on ``--prioritized``, ``--dueling`` and ``--n-step 3``
-   (flags given explicitly still win, e.g. ``--rainbow --no-dueling``).
+   directory, limits and evaluation, come from ``ptl_rl.examples.cli``, which
+   also checks the env); the defaults solve CartPole-v1 (greedy mean return
+   >= 475, confirmed on fresh episodes) in about 15k env steps and a few CPU
+   seconds. Plain DQN (uniform replay, 1-step returns, max-Q targets) is
+   ``--n-step 1 --no-double``: double DQN targets are on in every
+   configuration until ``--no-double`` turns them off. ``--rainbow`` switches
+   on ``--prioritized``, ``--dueling`` and ``--n-step 3`` (flags given
+   explicitly still win, e.g. ``--rainbow --no-dueling``).
 2. ``QNetwork``: an MLP from observations to one Q-value per action;
    ``DuelingQNetwork`` (``--dueling``) splits the last layer into a state value
    and action advantages, ``Q = V + A - mean(A)``.
@@ -30,27 +28,41 @@ Read it top to bottom, CleanRL style:
    synced every ``--target-sync-every`` gradient steps. With ``--prioritized``
    the batch also carries importance ``weights`` (the loss is weighted by them)
    and ``batch.update_priorities(td_errors)`` feeds ``|TD|`` back to the buffer.
-4. ``greedy_agent``: the greedy policy (epsilon 0), which the evaluations run.
-5. ``train``: builds the vector env, the epsilon-greedy ``DQNAgent`` and the
-   pipeline ``ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler``
+4. ``Evaluation``: every ``--eval-every`` env steps the greedy policy
+   (epsilon 0) plays in an env of its own; training stops once it reaches
+   ``--solved-return`` and fresh episodes confirm it.
+5. ``train``: the vector env, the epsilon-greedy ``DQNAgent`` and the pipeline
+   ``ExperienceSource -> NStepTransform -> ReplayBuffer -> BatchSampler``
    (a ``PrioritizedReplayBuffer`` with ``--prioritized``, its beta annealed from
    ``--beta-start`` to 1 over ``--env-steps``; ``--train-freq K --gradient-steps G``
-   takes G gradient steps every K env steps), and hands them to
-   ``ptl_rl.examples.harness.run``: the Trainer, evaluations every
-   ``--eval-every`` env steps (stopping once ``--solved-return`` is reached and
-   confirmed), the final evaluation on fresh episodes and the run directory.
+   takes G gradient steps every K env steps); then the Trainer with its
+   callbacks (the env-step budget, episode logging, the evaluations, videos),
+   ``fit``, the final evaluation on fresh episodes and the summary. What the
+   run writes down (its directory, ``summary.json``) is ``ptl_rl.examples.reporting``'s.
 """
 
-# ruff: noqa: E402 - torch, Lightning and ptl_rl's stages are imported after parse_args on purpose (see below)
 from __future__ import annotations
 
 import argparse
+import datetime
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import gymnasium as gym
+import numpy as np
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
 from gymnasium import spaces
+from torch import nn
 
-from ptl_rl.examples import cli
+import ptl_rl
+from ptl_rl.examples import cli, reporting
+from ptl_rl.examples.burst import replay_stage
+from ptl_rl.examples.quiet import quiet_lightning
+
+if TYPE_CHECKING:
+    from lightning_fabric.utilities.data import AttributeDict
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -110,7 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if p.parse_known_args(argv)[0].rainbow:
         # --rainbow only changes defaults, so flags given explicitly still win (--rainbow --no-dueling)
         p.set_defaults(prioritized=True, dueling=True, n_step=3)
-    # fails here, with the usage line, for a mistyped or unsuitable env: before the imports below
+    # a mistyped or unsuitable env ends here, with the usage line and the reason
     args = cli.parse(p, argv, (spaces.Discrete,), "DQN")[0]
     if args.batches_per_step < 1:
         p.error(f"--batches-per-step must be >= 1, got {args.batches_per_step}")
@@ -127,23 +139,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def source_chunk(train_freq: int, num_envs: int) -> int:
     """Vector steps per source batch that fill one replay yield exactly (the same data as one step per batch)."""
     return train_freq // num_envs if train_freq % num_envs == 0 and train_freq >= num_envs else 1
-
-
-if __name__ == "__main__":
-    ARGS = parse_args()  # --help and argument errors end here, in about a second
-
-import gymnasium as gym
-import pytorch_lightning as pl
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-import ptl_rl
-from ptl_rl.examples import harness
-from ptl_rl.examples.burst import replay_stage
-
-if TYPE_CHECKING:
-    from lightning_fabric.utilities.data import AttributeDict
 
 
 # ---------------------------------------------------------------------------- Q-network
@@ -261,7 +256,12 @@ class DQN(pl.LightningModule):
         a gradient step more (docs/design/hot-path.md, "Lightning's share").
         """
         loss, q_taken = self.td_loss(batch)
-        harness.manual_step(self, self.optimizers(), loss, self.hparams.grad_clip)
+        optimizer: Any = self.optimizers()  # configure_optimizers' one, as Lightning wraps it
+        optimizer.zero_grad(set_to_none=True)
+        self.manual_backward(loss)
+        if self.hparams.grad_clip:  # by hand: Lightning's gradient_clip_val is for automatic optimization
+            self.clip_gradients(optimizer, gradient_clip_val=self.hparams.grad_clip, gradient_clip_algorithm="norm")
+        optimizer.step()
         # global_step counts optimizer steps, so this syncs every `target_sync_every` gradient steps
         if self.global_step % self.hparams.target_sync_every == 0:
             if self.hparams.tau >= 1.0:
@@ -285,13 +285,47 @@ def greedy_agent(q_net: nn.Module) -> ptl_rl.DQNAgent:
     return ptl_rl.DQNAgent(q_net, ptl_rl.ArgmaxSelector())
 
 
+class Evaluation(pl.Callback):
+    """Every ``--eval-every`` env steps the greedy policy plays ``--eval-episodes`` episodes in ``env``.
+
+    Once their mean return reaches ``--solved-return``, ``--confirm-episodes`` episodes from start states no
+    evaluation has used must reach it too, and only then does training stop: a policy that crossed by luck
+    of the start states keeps training. ``run`` plays and records each evaluation (its seeds, evaluations.csv).
+    """
+
+    def __init__(self, args: argparse.Namespace, run: reporting.Run, source: ptl_rl.ExperienceSource, env: Any) -> None:
+        self.args, self.run, self.source, self.env = args, run, source, env
+        self.next_eval = args.eval_every
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, *unused: Any) -> None:
+        args, steps = self.args, self.source.total_steps
+        if steps < self.next_eval:
+            return
+        self.next_eval = steps - steps % args.eval_every + args.eval_every
+        agent = greedy_agent(pl_module.q_net)
+        mean = self.run.evaluate("eval", self.env, agent, args.eval_episodes)
+        pl_module.log("eval/return_mean", mean, prog_bar=True, on_step=True, on_epoch=False)
+        target = args.solved_return
+        if target is not None and mean >= target and args.confirm_episodes:
+            mean = self.run.evaluate("confirm", self.env, agent, args.confirm_episodes)
+            pl_module.log("eval/confirm_return_mean", mean, on_step=True, on_epoch=False)
+        if target is not None and mean >= target:
+            self.run.solved()
+            trainer.should_stop = True
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.env.close()
+
+
 # ---------------------------------------------------------------------------- training
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Train, then evaluate the final weights on fresh episodes; returns the run's summary (see ``harness.run``)."""
-    harness.set_up(args)
+    """Train, evaluate the final weights on fresh episodes, print one line; returns the run's summary."""
+    torch.set_num_threads(args.threads)
+    pl.seed_everything(args.seed, verbose=False)
     env = make_env(args.env_id, args.num_envs)
-    obs_dim = harness.flat_size(env.single_observation_space)
-    num_actions = harness.num_actions(env.single_action_space)
+    obs_space, action_space = env.single_observation_space, env.single_action_space
+    assert isinstance(obs_space, spaces.Box) and isinstance(action_space, spaces.Discrete)  # cli.parse checked
+    obs_dim, num_actions = int(np.prod(obs_space.shape)), int(action_space.n)
     model = DQN(
         obs_dim,
         num_actions,
@@ -327,37 +361,61 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     else:
         buffer = ptl_rl.ReplayBuffer(nstep, **replay)
     pipeline = ptl_rl.BatchSampler(replay_stage(buffer, args.gradient_steps), batch_size=args.batch_size)
+    loader = ptl_rl.to_dataloader(pipeline, batches_per_step=args.batches_per_step)
 
-    return harness.run(
-        harness.Experiment(
-            "dqn",
-            args,
-            model,
-            pipeline,
-            ptl_rl.to_dataloader(pipeline, batches_per_step=args.batches_per_step),
-            make_env=lambda n: make_env(args.env_id, n),
-            greedy_agent=lambda module: greedy_agent(module.q_net),
-            config={
-                "obs_dim": obs_dim,
-                "num_actions": num_actions,
-                "epsilon": f"linear {args.eps_start} -> {args.eps_end} over {args.eps_decay_steps} env steps",
-                "replay_warmup": replay["warmup"],
-                "replay_ratio": args.batch_size * args.gradient_steps / args.train_freq,
-                "beta": f"linear {args.beta_start} -> 1.0 over {args.env_steps} env steps"
-                if args.prioritized
-                else None,
-            },
-        )
+    # ---------------------------------------------------------------------------- the Trainer
+    # the run directory (config.json, the loggers, episodes.csv, evaluations.csv), and the first callback
+    run = reporting.Run(
+        "dqn",
+        args,
+        model,
+        source,
+        config={
+            "obs_dim": obs_dim,
+            "num_actions": num_actions,
+            "epsilon": f"linear {args.eps_start} -> {args.eps_end} over {args.eps_decay_steps} env steps",
+            "replay_warmup": replay["warmup"],
+            "replay_ratio": args.batch_size * args.gradient_steps / args.train_freq,
+            "beta": f"linear {args.beta_start} -> 1.0 over {args.env_steps} env steps" if args.prioritized else None,
+        },
     )
+    callbacks: list[pl.Callback] = [
+        run,
+        ptl_rl.EnvStepLimit(pipeline, args.env_steps),  # the budget: one endless epoch until then
+        ptl_rl.EpisodeStatsLogger(pipeline, every_n_steps=args.log_every),
+    ]
+    if args.eval_every:
+        callbacks.append(Evaluation(args, run, source, make_env(args.env_id, args.eval_episodes)))
+    if args.video_every:  # greedy episodes filmed in an env of their own, into <run directory>/videos/
+        video_env = gym.make(args.env_id, render_mode="rgb_array")
+        callbacks.append(run.video(pipeline, video_env, lambda module: greedy_agent(module.q_net)))
+    if args.progress_bar:
+        callbacks.append(reporting.EnvStepsProgressBar(source, refresh_rate=args.log_every))
+    with quiet_lightning():  # Lightning's lines that ask nothing of the user (no GPU here, ...)
+        trainer = pl.Trainer(
+            accelerator=args.accelerator,
+            devices=1,
+            max_epochs=-1,
+            max_time=datetime.timedelta(seconds=args.time_limit) if args.time_limit else None,
+            logger=run.loggers or False,
+            log_every_n_steps=args.log_every,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=args.progress_bar,
+            callbacks=callbacks,
+        )
+        trainer.fit(model, train_dataloaders=loader)
+    env.close()
 
-
-def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
-    """Parse ``argv`` (or take parsed args), train, print a one-line report; returns the summary."""
-    args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv)
-    summary = train(args)
-    print(harness.report(summary))
+    # ---------------------------------------------------------------------------- final evaluation, summary
+    if args.final_eval_episodes:  # the final weights, greedy, on fresh episodes
+        final_env = make_env(args.env_id, args.final_eval_episodes)
+        run.evaluate("final", final_env, greedy_agent(model.cpu().q_net), args.final_eval_episodes)
+        final_env.close()
+    summary = run.finish(trainer)
+    print(reporting.summary_line(summary))
     return summary
 
 
 if __name__ == "__main__":
-    main(ARGS)
+    train(parse_args())

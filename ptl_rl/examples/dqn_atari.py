@@ -3,8 +3,9 @@
     pip install -e ".[atari]"     # ale-py, which ships the ROMs
     python -m ptl_rl.examples.dqn_atari --env-id ALE/Pong-v5
 
-Read it top to bottom; it reuses ``ptl_rl.examples.dqn.DQN`` (double DQN,
-n-step targets, optional prioritized replay) and changes three things:
+Read it top to bottom; it reuses ``ptl_rl.examples.dqn``'s ``DQN`` (double DQN,
+n-step targets, optional prioritized replay) and its ``Evaluation`` callback,
+and changes three things:
 
 1. ``make_env``: ``ALE/*`` ids get the Nature-DQN preprocessing, gymnasium's
    ``AtariPreprocessing`` (no-op starts, frame skip 4 with max-pooling, 84x84
@@ -23,23 +24,33 @@ n-step targets, optional prioritized replay) and changes three things:
    transitions of the reference setup need ~7.4 GB of RAM, or live on disk
    with ``--memmap-dir``.
 
-Defaults follow CleanRL's ``dqn_atari.py`` (10M env steps, 1M replay,
+``train`` then builds the Trainer with its callbacks, fits, evaluates the
+final weights on fresh episodes and adds the replay's bytes per transition to
+the summary. Defaults follow CleanRL's ``dqn_atari.py`` (10M env steps, 1M replay,
 Adam 1e-4, batch 32, learning starts 80k, one update per 4 env steps, target
 sync every 1000 updates, epsilon 1 -> 0.01 over the first 10% of steps);
 ``--num-envs`` sub-envs collect together.
 """
 
-# ruff: noqa: E402 - torch, Lightning and ptl_rl's stages are imported after parse_args on purpose (see below)
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
+import pytorch_lightning as pl
+import torch
 from gymnasium import spaces
+from torch import nn
 
-from ptl_rl.examples import cli
+import ptl_rl
+from ptl_rl.examples import cli, reporting
+from ptl_rl.examples.burst import replay_stage
+from ptl_rl.examples.dqn import DQN, Evaluation, greedy_agent
+from ptl_rl.examples.quiet import quiet_lightning
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -67,22 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r = p.add_argument_group("replay placement")
     r.add_argument("--memmap-dir", default=None, help="keep the replay's frames in memory-mapped files there")
     r.add_argument("--extra-frames", type=int, default=None, help="FrameStorage pool frames beyond --buffer-size")
-    cli.register_ale()
+    cli.register_ale()  # the ALE/* ids
     # Pong's best return is 21; other ALE games have their own scale and no registered threshold
     return cli.parse(p, argv, (spaces.Discrete,), "DQN", solved_returns={"ALE/Pong-v5": 20.0})[0]
-
-
-if __name__ == "__main__":
-    ARGS = parse_args()  # --help and argument errors end here, in about a second
-
-import numpy as np
-import torch
-from torch import nn
-
-import ptl_rl
-from ptl_rl.examples import harness
-from ptl_rl.examples.burst import replay_stage
-from ptl_rl.examples.dqn import DQN, greedy_agent
 
 
 # ---------------------------------------------------------------------------- envs
@@ -173,13 +171,15 @@ def naive_bytes_per_transition(obs_space: gym.spaces.Box) -> int:
 
 # ---------------------------------------------------------------------------- training
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Train, then evaluate the final weights; returns the run's summary (with the replay's bytes per transition)."""
-    harness.set_up(args)
+    """Train, evaluate the final weights, print one line; returns the summary, with the replay's size."""
+    torch.set_num_threads(args.threads)
+    pl.seed_everything(args.seed, verbose=False)
     env = make_env(args.env_id, args.num_envs, args.frame_stack)
-    obs_space = env.single_observation_space
+    obs_space, action_space = env.single_observation_space, env.single_action_space
     if not isinstance(obs_space, gym.spaces.Box):  # FrameStackObservation's stacks: a Box [stack, 84, 84]
         raise TypeError(f"{args.env_id}: expected stacked frames (a Box observation space), got {obs_space}")
-    num_actions = harness.num_actions(env.single_action_space)
+    assert isinstance(action_space, spaces.Discrete)  # cli.parse checked
+    num_actions = int(action_space.n)
     model = AtariDQN(
         obs_space.shape,
         num_actions,
@@ -189,11 +189,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         target_sync_every=args.target_sync_every,
         log_every=args.log_every,
         prioritized=args.prioritized,
+        grad_clip=args.grad_clip,
     )
     decay_steps = int(args.eps_fraction * args.env_steps)
     epsilon = ptl_rl.LinearSchedule(args.eps_start, args.eps_end, decay_steps)
     agent = ptl_rl.DQNAgent(model.q_net, ptl_rl.EpsilonGreedySelector(epsilon, seed=args.seed))
 
+    # ExperienceSource -> NStepTransform -> ReplayBuffer (frames stored once) -> BatchSampler
     source = ptl_rl.ExperienceSource(env, agent, gamma=args.gamma, seed=args.seed)
     nstep = ptl_rl.NStepTransform(source, n=args.n_step, gamma=args.gamma)
     replay = dict(
@@ -211,48 +213,68 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         buffer = ptl_rl.ReplayBuffer(nstep, **replay)
     pipeline = ptl_rl.BatchSampler(replay_stage(buffer, args.gradient_steps), batch_size=args.batch_size)
 
-    def replay_size() -> dict[str, Any]:
-        storage = buffer.storage
-        assert isinstance(storage, ptl_rl.FrameStorage)  # what replay_storage builds
-        return {
-            "replay_bytes_per_transition": storage.nbytes / storage.capacity,
-            "naive_bytes_per_transition": naive_bytes_per_transition(obs_space),
-            "replay_transitions": len(storage),
-        }
-
-    return harness.run(
-        harness.Experiment(
-            "dqn_atari",
-            args,
-            model,
-            pipeline,
-            ptl_rl.to_dataloader(pipeline),
-            make_env=lambda n: make_env(args.env_id, n, args.frame_stack),
-            make_video_env=lambda: make_single_env(args.env_id, args.frame_stack, render_mode="rgb_array"),
-            greedy_agent=lambda module: greedy_agent(module.q_net),
-            config={
-                "obs_shape": list(obs_space.shape),
-                "num_actions": num_actions,
-                "epsilon": f"linear {args.eps_start} -> {args.eps_end} over {decay_steps} env steps",
-                "replay_warmup": replay["warmup"],
-                "replay_ratio": args.batch_size * args.gradient_steps / args.train_freq,
-            },
-            extra_summary=replay_size,
-        )
+    # ---------------------------------------------------------------------------- the Trainer
+    run = reporting.Run(
+        "dqn_atari",
+        args,
+        model,
+        source,
+        config={
+            "obs_shape": list(obs_space.shape),
+            "num_actions": num_actions,
+            "epsilon": f"linear {args.eps_start} -> {args.eps_end} over {decay_steps} env steps",
+            "replay_warmup": replay["warmup"],
+            "replay_ratio": args.batch_size * args.gradient_steps / args.train_freq,
+        },
     )
+    callbacks: list[pl.Callback] = [
+        run,
+        ptl_rl.EnvStepLimit(pipeline, args.env_steps),
+        ptl_rl.EpisodeStatsLogger(pipeline, every_n_steps=args.log_every),
+    ]
+    if args.eval_every:  # DQN's evaluations, in preprocessed envs
+        callbacks.append(Evaluation(args, run, source, make_env(args.env_id, args.eval_episodes, args.frame_stack)))
+    if args.video_every:  # the emulator's colour screen, while the agent sees the preprocessed 84x84 stacks
+        video_env = make_single_env(args.env_id, args.frame_stack, render_mode="rgb_array")
+        callbacks.append(run.video(pipeline, video_env, lambda module: greedy_agent(module.q_net)))
+    if args.progress_bar:
+        callbacks.append(reporting.EnvStepsProgressBar(source, refresh_rate=args.log_every))
+    with quiet_lightning():
+        trainer = pl.Trainer(
+            accelerator=args.accelerator,
+            devices=1,
+            max_epochs=-1,
+            max_time=datetime.timedelta(seconds=args.time_limit) if args.time_limit else None,
+            logger=run.loggers or False,
+            log_every_n_steps=args.log_every,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=args.progress_bar,
+            callbacks=callbacks,
+        )
+        trainer.fit(model, train_dataloaders=ptl_rl.to_dataloader(pipeline))
+    env.close()
 
-
-def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
-    """Parse ``argv`` (or take parsed args), train, print a one-line report; returns the summary."""
-    args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv)
-    summary = train(args)
+    # ---------------------------------------------------------------------------- final evaluation, summary
+    if args.final_eval_episodes:
+        final_env = make_env(args.env_id, args.final_eval_episodes, args.frame_stack)
+        run.evaluate("final", final_env, greedy_agent(model.cpu().q_net), args.final_eval_episodes)
+        final_env.close()
+    storage = buffer.storage
+    assert isinstance(storage, ptl_rl.FrameStorage)  # what replay_storage builds
+    summary = run.finish(
+        trainer,
+        replay_bytes_per_transition=storage.nbytes / storage.capacity,
+        naive_bytes_per_transition=naive_bytes_per_transition(obs_space),
+        replay_transitions=len(storage),
+    )
     ratio = summary["replay_bytes_per_transition"] / summary["naive_bytes_per_transition"]
     print(
-        harness.report(summary)
+        reporting.summary_line(summary)
         + f"; replay {summary['replay_bytes_per_transition']:.0f} B/transition ({ratio:.3f}x obs+next_obs)"
     )
     return summary
 
 
 if __name__ == "__main__":
-    main(ARGS)
+    train(parse_args())

@@ -5,8 +5,8 @@
 
 Read it top to bottom:
 
-1. ``parse_args``: every setting is a flag (the shared ones come from
-   ``ptl_rl.examples.cli``, parsed before torch is imported); the defaults
+1. ``parse_args``: every setting is a flag (the shared ones, and the env
+   check, come from ``ptl_rl.examples.cli``); the defaults
    reach a greedy return of 500 on CartPole-v1 in a few CPU seconds of training.
 2. ``expert_agent``: the behaviour policy that is recorded, a hand-tuned PD
    controller on the cart position/velocity and pole angle/angular velocity
@@ -22,29 +22,41 @@ Read it top to bottom:
 5. ``train``: ``minari_replay_buffer`` fills a buffer with the whole dataset
    in one call (checked against the env's spaces); ``BatchSampler ->
    to_dataloader`` serves shuffled passes over it (``steps_per_epoch`` batches
-   per Lightning epoch), and ``ptl_rl.examples.harness.run`` fits and writes the
-   run directory. The environment is not stepped during training: it is only
-   run afterwards, to evaluate the greedy policy on fresh episodes.
+   per Lightning epoch, ``--epochs`` of them), which the Trainer fits on. The
+   environment is not stepped during training: it is only run afterwards, to
+   evaluate the greedy policy on fresh episodes; then the summary (written
+   down by ``ptl_rl.examples.reporting``).
 
 A downloaded dataset works the same way: ``minari download <id>`` on a
 machine with internet, copy ``~/.minari/datasets/<id>`` here (or set
 ``MINARI_DATASETS_PATH``), and pass ``--dataset <id>`` (or the directory path).
 """
 
-# ruff: noqa: E402 - torch, Lightning and ptl_rl's stages are imported after parse_args on purpose (see below)
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.util
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import gymnasium as gym
 import numpy as np
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
 from gymnasium import spaces
+from pytorch_lightning.callbacks import TQDMProgressBar
+from torch import nn
 
-from ptl_rl.examples import cli
+import ptl_rl
+from ptl_rl.examples import cli, reporting
+from ptl_rl.examples.quiet import quiet_lightning
+
+if TYPE_CHECKING:
+    from lightning_fabric.utilities.data import AttributeDict
 
 # the PD controller's gains on (cart position, cart velocity, pole angle, pole angular velocity): push right
 # when the weighted sum is positive
@@ -94,7 +106,7 @@ def offline_problem(dataset: str | None) -> str | None:
     """Why ``--dataset`` cannot be opened (minari missing, no such dataset), in one line; ``None`` if it can.
 
     Checked with the file system only, as ``ptl_rl.open_minari_dataset`` looks
-    datasets up, so the answer comes before torch, Lightning and minari load.
+    datasets up, so the answer comes before minari loads and anything is recorded.
     """
     if importlib.util.find_spec("minari") is None:
         return 'training from a dataset needs minari: pip install -c constraints.txt -e ".[offline]"'
@@ -113,22 +125,6 @@ def offline_problem(dataset: str | None) -> str | None:
         "$MINARI_DATASETS_PATH); omit --dataset to record the CartPole expert, pass a dataset directory, "
         f"or download it where there is internet (minari download {dataset}) and copy it there"
     )
-
-
-if __name__ == "__main__":
-    ARGS = parse_args()  # --help and argument errors end here, in about a second
-
-import gymnasium as gym
-import pytorch_lightning as pl
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-import ptl_rl
-from ptl_rl.examples import harness
-
-if TYPE_CHECKING:
-    from lightning_fabric.utilities.data import AttributeDict
 
 
 # ---------------------------------------------------------------------------- the behaviour policy
@@ -196,10 +192,23 @@ class BehaviourCloning(pl.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
 
 
+# ---------------------------------------------------------------------------- evaluation
+def greedy_agent(policy: nn.Module) -> Callable[[np.ndarray], np.ndarray]:
+    """obs [N, obs_dim] -> the most likely action of each row, int64 [N]."""
+    policy = policy.eval()
+
+    def greedy(obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return policy(torch.as_tensor(obs).float()).argmax(dim=1).numpy()
+
+    return greedy
+
+
 # ---------------------------------------------------------------------------- training
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Record (or load) the dataset, clone it, then evaluate the greedy policy; returns the run's summary."""
-    harness.set_up(args)
+    """Record (or load) the dataset, clone it, evaluate the greedy policy, print one line; returns the summary."""
+    torch.set_num_threads(args.threads)
+    pl.seed_everything(args.seed, verbose=False)
     if args.dataset is not None:
         dataset = ptl_rl.open_minari_dataset(args.dataset)
     else:
@@ -209,54 +218,52 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     probe = gym.make(args.env_id)
     obs_space, action_space = probe.observation_space, probe.action_space
     probe.close()
+    assert isinstance(obs_space, spaces.Box) and isinstance(action_space, spaces.Discrete)  # cli.parse checked
     # fill once, then sample: shuffled passes over the whole dataset (replacement=False)
     buffer = ptl_rl.minari_replay_buffer(
         dataset, seed=args.seed, replacement=False, observation_space=obs_space, action_space=action_space
     )
     pipeline = ptl_rl.BatchSampler(buffer, batch_size=args.batch_size)
-    model = BehaviourCloning(harness.flat_size(obs_space), harness.num_actions(action_space), args.hidden, args.lr)
+    model = BehaviourCloning(int(np.prod(obs_space.shape)), int(action_space.n), args.hidden, args.lr)
 
-    def greedy_agent(module: BehaviourCloning) -> Any:
-        policy = module.policy.eval()
-
-        def greedy(obs: np.ndarray) -> np.ndarray:
-            with torch.no_grad():
-                return policy(torch.as_tensor(obs).float()).argmax(dim=1).numpy()
-
-        return greedy
-
+    # ---------------------------------------------------------------------------- the Trainer
     dataset_info = {
         "dataset_id": dataset.id,
         "dataset_steps": int(dataset.total_steps),
         "dataset_episodes": int(dataset.total_episodes),
     }
-    return harness.run(
-        harness.Experiment(
-            "offline_bc",
-            args,
-            model,
-            pipeline,
-            ptl_rl.to_dataloader(pipeline, args.steps_per_epoch),
-            # only the evaluation after training touches the env: fresh episodes of the greedy policy
-            make_env=lambda n: gym.make_vec(args.env_id, num_envs=n, vectorization_mode="sync"),
-            greedy_agent=greedy_agent,
-            max_epochs=args.epochs,
-            config=dataset_info,
-            extra_summary=lambda: dataset_info,
+    run = reporting.Run("offline_bc", args, model, None, config=dataset_info)  # no source: no env steps
+    callbacks: list[pl.Callback] = [run]
+    if args.progress_bar:
+        callbacks.append(TQDMProgressBar(refresh_rate=args.log_every))
+    with quiet_lightning():  # Lightning's lines that ask nothing of the user (no GPU here, ...)
+        trainer = pl.Trainer(
+            accelerator=args.accelerator,
+            devices=1,
+            max_epochs=args.epochs,  # passes of --steps-per-epoch batches: the env is not stepped in training
+            max_time=datetime.timedelta(seconds=args.time_limit) if args.time_limit else None,
+            gradient_clip_val=args.grad_clip,  # automatic optimization: Lightning clips
+            logger=run.loggers or False,
+            log_every_n_steps=args.log_every,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=args.progress_bar,
+            callbacks=callbacks,
         )
-    )
+        trainer.fit(model, train_dataloaders=ptl_rl.to_dataloader(pipeline, args.steps_per_epoch))
 
-
-def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
-    """Parse ``argv`` (or take parsed args), record or load, clone, print a one-line report; returns the summary."""
-    args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv)
-    summary = train(args)
+    # ---------------------------------------------------------------------------- final evaluation, summary
+    if args.final_eval_episodes:  # only now is the env played: fresh episodes of the greedy policy
+        final_env = gym.make_vec(args.env_id, num_envs=args.final_eval_episodes, vectorization_mode="sync")
+        run.evaluate("final", final_env, greedy_agent(model.cpu().policy), args.final_eval_episodes)
+        final_env.close()
+    summary = run.finish(trainer, **dataset_info)
     print(
         f"{summary['dataset_id']} ({summary['dataset_episodes']} episodes, {summary['dataset_steps']} steps): "
-        + harness.report(summary)
+        + reporting.summary_line(summary)
     )
     return summary
 
 
 if __name__ == "__main__":
-    main(ARGS)
+    train(parse_args())

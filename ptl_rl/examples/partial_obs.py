@@ -1,7 +1,7 @@
 """CartPole without velocities, the partially observed env of the recurrent examples (r2d2, recurrent_ppo).
 
 Importing this module registers ``CartPoleNoVelocity-v1`` with gymnasium. It
-imports no torch, so an example's ``--help`` and env check stay fast.
+imports gymnasium and numpy only.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 
 Read it top to bottom, CleanRL style:
 
-1. ``parse_args``: every hyperparameter is a flag (the shared ones come from
-   ``ptl_rl.examples.cli``, parsed before torch is imported); the defaults solve CartPole-v1
+1. ``parse_args``: every hyperparameter is a flag (the shared ones, and the
+   env check, come from ``ptl_rl.examples.cli``); the defaults solve CartPole-v1
    (they follow rl-baselines3-zoo's tuned PPO for it). Box action spaces work
    too (a diagonal Gaussian policy, or with ``--squashed`` a tanh-squashed
    one), e.g. ``--env-id Pendulum-v1``. For gymnasium's MuJoCo envs the
@@ -23,23 +23,37 @@ Read it top to bottom, CleanRL style:
    learning rate (and, with ``--anneal-clip``, the clip range) anneal linearly
    per rollout. ``--env-steps`` is rounded up to whole rollouts: every rollout
    collected gets all its updates, and the run ends at a rollout boundary.
-4. ``train``: builds the vector env, the ``ActorCriticAgent`` and the pipeline
-   ``ExperienceSource [-> NormalizeObservations -> ScaleRewards] -> RolloutBuffer``
-   and hands them to
-   ``ptl_rl.examples.harness.run``: greedy evaluations every ``--eval-every`` env
-   steps (stopping once ``--solved-return`` is reached and confirmed on fresh
-   episodes), the final evaluation on fresh episodes and the run directory.
+4. ``Evaluation``: every ``--eval-every`` env steps, after a rollout's last
+   update, the greedy policy plays in an env of its own; training stops once
+   it reaches ``--solved-return`` and fresh episodes confirm it.
+5. ``train``: the vector env, the ``ActorCriticAgent`` and the pipeline
+   ``ExperienceSource [-> NormalizeObservations -> ScaleRewards] -> RolloutBuffer``;
+   then the Trainer (``max_epochs`` = the rollouts the budget buys) with its
+   callbacks, ``fit``, the final evaluation on fresh episodes and the summary
+   (written down by ``ptl_rl.examples.reporting``).
 """
 
-# ruff: noqa: E402 - torch, Lightning and ptl_rl's stages are imported after parse_args on purpose (see below)
 from __future__ import annotations
 
 import argparse
+import datetime
+import math
 from typing import TYPE_CHECKING, Any
 
+import gymnasium as gym
+import numpy as np
+import pytorch_lightning as pl
+import torch
 from gymnasium import spaces
+from torch import nn
 
-from ptl_rl.examples import cli
+import ptl_rl
+from ptl_rl.examples import cli, reporting
+from ptl_rl.examples.quiet import quiet_lightning
+
+if TYPE_CHECKING:
+    from lightning_fabric.utilities.data import AttributeDict
+    from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 
 # ---------------------------------------------------------------------------- arguments
 #: CleanRL's ppo_continuous_action.py (its MuJoCo recipe), plus this library's normalization stages: the defaults
@@ -114,29 +128,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     n.add_argument("--reward-clip", type=float, default=10.0, help="clip scaled rewards to +-this")
     cli.apply_recipe(p, argv, {"mujoco": MUJOCO_RECIPE})
-    # fails here, with the usage line, for a mistyped or unsuitable env: before the imports below
+    # a mistyped or unsuitable env ends here, with the usage line and the reason
     box_or_discrete = (spaces.Discrete, spaces.MultiDiscrete, spaces.Box)
     args, env = cli.parse(p, argv, box_or_discrete, "PPO")
     if args.squashed and not isinstance(env.action_space, spaces.Box):
         p.error(f"--squashed applies to Box action spaces; {args.env_id} has {env.action_space}")
     return args
-
-
-if __name__ == "__main__":
-    ARGS = parse_args()  # --help and argument errors end here, in about a second
-
-import gymnasium as gym
-import numpy as np
-import pytorch_lightning as pl
-import torch
-from torch import nn
-
-import ptl_rl
-from ptl_rl.examples import harness
-
-if TYPE_CHECKING:
-    from lightning_fabric.utilities.data import AttributeDict
-    from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 
 
 # ---------------------------------------------------------------------------- networks
@@ -194,7 +191,12 @@ class PPO(pl.LightningModule):
 
     def training_step(self, batch: ptl_rl.TorchBatch, batch_idx: int) -> torch.Tensor:
         loss = self.ppo_loss(batch, batch_idx)
-        harness.manual_step(self, self.optimizers(), loss, self.hparams.grad_clip)
+        optimizer: Any = self.optimizers()  # configure_optimizers' one, as Lightning wraps it
+        optimizer.zero_grad(set_to_none=True)
+        self.manual_backward(loss)
+        if self.hparams.grad_clip:  # by hand: Lightning's gradient_clip_val is for automatic optimization
+            self.clip_gradients(optimizer, gradient_clip_val=self.hparams.grad_clip, gradient_clip_algorithm="norm")
+        optimizer.step()
         return loss.detach()
 
     def on_train_epoch_end(self) -> None:
@@ -245,19 +247,59 @@ def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
 
 
-def greedy_agent(actor: nn.Module, env: gym.vector.VectorEnv) -> ptl_rl.StochasticPolicyAgent:
-    """The policy's mode (argmax / Gaussian mean)."""
-    return ptl_rl.StochasticPolicyAgent(actor, env.single_action_space, greedy=True)
+def greedy_agent(actor: nn.Module, action_space: gym.Space, obs_norm: ptl_rl.ObservationNormalizer | None) -> Any:
+    """The policy's mode (argmax / Gaussian mean); with ``--norm-obs`` it sees observations normalized alike."""
+    agent = ptl_rl.StochasticPolicyAgent(actor, action_space, greedy=True)
+    return agent if obs_norm is None else obs_norm.wrap_agent(agent)  # the statistics frozen as they are now
+
+
+class Evaluation(pl.Callback):
+    """Every ``--eval-every`` env steps, after a rollout's last update, the greedy policy plays ``--eval-episodes``.
+
+    Once their mean return reaches ``--solved-return``, ``--confirm-episodes`` episodes from start states no
+    evaluation has used must reach it too, and only then does training stop, at a rollout boundary: a policy
+    that crossed by luck of the start states keeps training. ``run`` plays and records each evaluation.
+    """
+
+    def __init__(
+        self, args: argparse.Namespace, run: reporting.Run, rollout: ptl_rl.RolloutBuffer, env: Any, obs_norm: Any
+    ) -> None:
+        self.args, self.run, self.rollout, self.env, self.obs_norm = args, run, rollout, env, obs_norm
+        self.source = ptl_rl.find_stage(rollout, ptl_rl.ExperienceSource)
+        self.next_eval = args.eval_every
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, idx: int) -> None:
+        args, steps = self.args, self.source.total_steps
+        if (idx + 1) % self.rollout.batches_per_rollout or steps < self.next_eval:
+            return  # (a rollout's updates are all done only after its last batch)
+        self.next_eval = steps - steps % args.eval_every + args.eval_every
+        agent = greedy_agent(pl_module.actor, self.env.single_action_space, self.obs_norm)
+        mean = self.run.evaluate("eval", self.env, agent, args.eval_episodes)
+        pl_module.log("eval/return_mean", mean, prog_bar=True, on_step=True, on_epoch=False)
+        target = args.solved_return
+        if target is not None and mean >= target and args.confirm_episodes:
+            mean = self.run.evaluate("confirm", self.env, agent, args.confirm_episodes)
+            pl_module.log("eval/confirm_return_mean", mean, on_step=True, on_epoch=False)
+        if target is not None and mean >= target:
+            self.run.solved()
+            trainer.should_stop = True
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.env.close()
 
 
 # ---------------------------------------------------------------------------- training
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Train, then evaluate the final weights; returns the run's summary (see ``harness.run``)."""
-    harness.set_up(args)
+    """Train, evaluate the final weights on fresh episodes, print one line; returns the run's summary."""
+    torch.set_num_threads(args.threads)
+    pl.seed_everything(args.seed, verbose=False)
     env = make_env(args.env_id, args.num_envs)
-    obs_dim = harness.flat_size(env.single_observation_space)
-    num_rollouts = harness.rollouts_for(args.env_steps, args.num_envs, args.steps_per_env)  # rounded up
-    model = PPO(obs_dim, env.single_action_space, args, num_rollouts)
+    obs_space, action_space = env.single_observation_space, env.single_action_space
+    assert isinstance(obs_space, spaces.Box)  # cli.parse checked
+    obs_dim = int(np.prod(obs_space.shape))
+    # --env-steps rounded up to whole rollouts, each trained in full (--help says so)
+    num_rollouts = max(1, math.ceil(args.env_steps / (args.num_envs * args.steps_per_env)))
+    model = PPO(obs_dim, action_space, args, num_rollouts)
 
     # ExperienceSource [-> NormalizeObservations -> ScaleRewards] -> RolloutBuffer: T steps per env, GAE, K epochs
     # the agent, the rollout and the evaluations all see observations normalized alike
@@ -277,44 +319,64 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         normalize_advantage=None if args.norm_adv == "none" else args.norm_adv,
         seed=args.seed,
     )
-
-    def evaluation_agent(module: PPO) -> Any:
-        agent = greedy_agent(module.actor, env)
-        return agent if obs_norm is None else obs_norm.wrap_agent(agent)  # frozen statistics
-
     # one Lightning epoch = one rollout; a sized loader also keeps Lightning from prefetching a stale batch
     loader = ptl_rl.to_dataloader(rollout, steps_per_epoch=rollout.batches_per_rollout)
+
+    # ---------------------------------------------------------------------------- the Trainer
     anneal = "lr and clip" if args.anneal_clip else "lr"
-    return harness.run(
-        harness.Experiment(
-            "ppo",
-            args,
-            model,
-            rollout,
-            loader,
-            make_env=lambda n: make_env(args.env_id, n),
-            greedy_agent=evaluation_agent,
-            max_epochs=num_rollouts,
-            config={
-                "obs_dim": obs_dim,
-                "action_space": str(env.single_action_space),
-                "num_rollouts": num_rollouts,
-                "batch_size": args.num_envs * args.steps_per_env // args.num_minibatches,
-                "anneal_schedule": f"{anneal} linear to 0 over {num_rollouts} rollouts" if args.anneal else None,
-            },
-            log_every=rollout.batches_per_rollout,  # once per rollout
-            max_rollouts=num_rollouts,  # the run ends after the last update of the last rollout
-        )
+    run = reporting.Run(
+        "ppo",
+        args,
+        model,
+        source,
+        config={
+            "obs_dim": obs_dim,
+            "action_space": str(action_space),
+            "num_rollouts": num_rollouts,
+            "batch_size": args.num_envs * args.steps_per_env // args.num_minibatches,
+            "anneal_schedule": f"{anneal} linear to 0 over {num_rollouts} rollouts" if args.anneal else None,
+        },
     )
+    log_every = rollout.batches_per_rollout  # once per rollout
+    callbacks: list[pl.Callback] = [run, ptl_rl.EpisodeStatsLogger(rollout, every_n_steps=log_every)]
+    if args.eval_every:
+        callbacks.append(Evaluation(args, run, rollout, make_env(args.env_id, args.eval_episodes), obs_norm))
+    if args.video_every:  # greedy episodes filmed in an env of their own, into <run directory>/videos/
+        video_env = gym.make(args.env_id, render_mode="rgb_array")
+        callbacks.append(run.video(rollout, video_env, lambda m: greedy_agent(m.actor, action_space, obs_norm)))
+    if args.progress_bar:
+        callbacks.append(reporting.EnvStepsProgressBar(source, refresh_rate=log_every))
+    with quiet_lightning():  # Lightning's lines that ask nothing of the user (no GPU here, ...)
+        trainer = pl.Trainer(
+            accelerator=args.accelerator,
+            devices=1,
+            max_epochs=num_rollouts,  # the budget: the run ends after the last update of the last rollout
+            max_time=datetime.timedelta(seconds=args.time_limit) if args.time_limit else None,
+            logger=run.loggers or False,
+            log_every_n_steps=log_every,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=args.progress_bar,
+            callbacks=callbacks,
+        )
+        trainer.fit(model, train_dataloaders=loader)
+    env.close()
 
-
-def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
-    """Parse ``argv`` (or take parsed args), train, print a one-line report; returns the summary."""
-    args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv)
-    summary = train(args)
-    print(harness.report(summary))
+    # ---------------------------------------------------------------------------- final evaluation, summary
+    if args.final_eval_episodes:  # the final weights, greedy, on fresh episodes
+        final_env = make_env(args.env_id, args.final_eval_episodes)
+        agent = greedy_agent(model.cpu().actor, action_space, obs_norm)
+        run.evaluate("final", final_env, agent, args.final_eval_episodes)
+        final_env.close()
+    summary = run.finish(
+        trainer,
+        rollouts=rollout.rollouts_collected,  # env_steps: those taken, in whole rollouts
+        env_steps_budget=args.env_steps,
+        env_steps_per_rollout=args.num_envs * args.steps_per_env,
+    )
+    print(reporting.summary_line(summary))
     return summary
 
 
 if __name__ == "__main__":
-    main(ARGS)
+    train(parse_args())

@@ -28,27 +28,36 @@ Read it top to bottom:
    1-step ``reward``/``discount``/``terminated`` fields of the window folded up
    to ``--n-step`` steps) and bootstrap from the target network's double-DQN
    value of each step's ``next_obs``, taken from the state after that step.
-5. ``train``: ``ExperienceSource`` (a ``ptl_rl.RecurrentDQNAgent``: one hidden
+5. ``Evaluation``: greedy evaluations every ``--eval-every`` env steps,
+   stopping once ``--solved-return`` is reached and confirmed on fresh episodes.
+6. ``train``: ``ExperienceSource`` (a ``ptl_rl.RecurrentDQNAgent``: one hidden
    state per sub-env, reset when its episode starts, returned as the
    ``hidden`` extra) -> ``SequenceReplayBuffer`` (windows with burn-in) ->
-   ``BatchSampler``, handed to ``ptl_rl.examples.harness.run``.
+   ``BatchSampler``; then the Trainer with its callbacks, ``fit``, the final
+   evaluation and the summary (written down by ``ptl_rl.examples.reporting``).
 """
 
-# ruff: noqa: E402 - torch, Lightning and ptl_rl's stages are imported after parse_args on purpose (see below)
 from __future__ import annotations
 
 import argparse
+import datetime
 from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
 from gymnasium import spaces
+from torch import nn
 
-from ptl_rl.examples import cli
+import ptl_rl
+from ptl_rl.examples import cli, reporting
+from ptl_rl.examples.burst import replay_stage
 
-# ---------------------------------------------------------------------------- the partially observed env
-# defined in a module of its own (no torch), which recurrent_ppo.py shares; importing it registers the env
+# the partially observed env, in a module of its own that recurrent_ppo.py shares; importing it registers the env
 from ptl_rl.examples.partial_obs import ENV_ID, CartPoleNoVelocity, make_cartpole_no_velocity  # noqa: F401
+from ptl_rl.examples.quiet import quiet_lightning
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -89,19 +98,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.burn_in < 0:
         p.error(f"--burn-in must be >= 0, got {args.burn_in}")
     return args
-
-
-if __name__ == "__main__":
-    ARGS = parse_args()  # --help and argument errors end here, in about a second
-
-import pytorch_lightning as pl
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-import ptl_rl
-from ptl_rl.examples import harness
-from ptl_rl.examples.burst import replay_stage
 
 
 # ---------------------------------------------------------------------------- Q-network
@@ -263,7 +259,12 @@ class R2D2(pl.LightningModule):
 
     def training_step(self, batch: ptl_rl.TorchBatch, batch_idx: int) -> torch.Tensor:
         loss, q_taken = self.td_loss(batch)
-        harness.manual_step(self, self.optimizers(), loss, self.grad_clip)
+        optimizer: Any = self.optimizers()  # configure_optimizers' one, as Lightning wraps it
+        optimizer.zero_grad(set_to_none=True)
+        self.manual_backward(loss)
+        if self.grad_clip:  # by hand: Lightning's gradient_clip_val is for automatic optimization
+            self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
+        optimizer.step()
         if self.global_step % self.target_sync_every == 0:  # global_step counts optimizer steps
             self.target_net.sync()
         if batch_idx % self.log_every == 0:
@@ -285,10 +286,43 @@ def greedy_agent(q_net: nn.Module) -> ptl_rl.RecurrentDQNAgent:
     return ptl_rl.RecurrentDQNAgent(q_net, ptl_rl.ArgmaxSelector())
 
 
+class Evaluation(pl.Callback):
+    """Every ``--eval-every`` env steps the greedy policy plays ``--eval-episodes`` episodes in ``env``.
+
+    Once their mean return reaches ``--solved-return``, ``--confirm-episodes`` episodes from start states no
+    evaluation has used must reach it too, and only then does training stop: a policy that crossed by luck
+    of the start states keeps training. ``run`` plays and records each evaluation (its seeds, evaluations.csv).
+    """
+
+    def __init__(self, args: argparse.Namespace, run: reporting.Run, source: ptl_rl.ExperienceSource, env: Any) -> None:
+        self.args, self.run, self.source, self.env = args, run, source, env
+        self.next_eval = args.eval_every
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, *unused: Any) -> None:
+        args, steps = self.args, self.source.total_steps
+        if steps < self.next_eval:
+            return
+        self.next_eval = steps - steps % args.eval_every + args.eval_every
+        agent = greedy_agent(pl_module.q_net)
+        mean = self.run.evaluate("eval", self.env, agent, args.eval_episodes)
+        pl_module.log("eval/return_mean", mean, prog_bar=True, on_step=True, on_epoch=False)
+        target = args.solved_return
+        if target is not None and mean >= target and args.confirm_episodes:
+            mean = self.run.evaluate("confirm", self.env, agent, args.confirm_episodes)
+            pl_module.log("eval/confirm_return_mean", mean, on_step=True, on_epoch=False)
+        if target is not None and mean >= target:
+            self.run.solved()
+            trainer.should_stop = True
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.env.close()
+
+
 # ---------------------------------------------------------------------------- training
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Train, then evaluate the final weights on fresh episodes; returns the run's summary (see ``harness.run``)."""
-    harness.set_up(args)
+    """Train, evaluate the final weights on fresh episodes, print one line; returns the run's summary."""
+    torch.set_num_threads(args.threads)
+    pl.seed_everything(args.seed, verbose=False)
     env = make_env(args.env_id, args.num_envs)
     obs_space, action_space = env.single_observation_space, env.single_action_space
     assert isinstance(obs_space, spaces.Box) and isinstance(action_space, spaces.Discrete)  # cli.parse checked
@@ -333,36 +367,59 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     )
     pipeline = ptl_rl.BatchSampler(replay_stage(buffer, args.gradient_steps), batch_size=args.batch_size)
 
-    return harness.run(
-        harness.Experiment(
-            "r2d2",
-            args,
-            model,
-            pipeline,
-            ptl_rl.to_dataloader(pipeline),
-            make_env=lambda n: make_env(args.env_id, n),
-            greedy_agent=lambda module: greedy_agent(cast(R2D2, module).q_net),
-            config={
-                "obs_dim": obs_dim,
-                "num_actions": num_actions,
-                "epsilon": f"linear {args.eps_start} -> {args.eps_end} over {args.eps_decay_steps} env steps",
-                "replay_warmup": max(args.learning_starts, args.batch_size),
-                "window": f"{args.burn_in} burn-in + {args.length} training positions",
-                "parameters": sum(p.numel() for p in model.q_net.parameters()),
-                "obs_bound": obs_bound,
-            },
-            make_video_env=lambda: gym.make(args.env_id, render_mode="rgb_array"),
-        )
+    # ---------------------------------------------------------------------------- the Trainer
+    run = reporting.Run(
+        "r2d2",
+        args,
+        model,
+        source,
+        config={
+            "obs_dim": obs_dim,
+            "num_actions": num_actions,
+            "epsilon": f"linear {args.eps_start} -> {args.eps_end} over {args.eps_decay_steps} env steps",
+            "replay_warmup": max(args.learning_starts, args.batch_size),
+            "window": f"{args.burn_in} burn-in + {args.length} training positions",
+            "parameters": sum(p.numel() for p in model.q_net.parameters()),
+            "obs_bound": obs_bound,
+        },
     )
+    callbacks: list[pl.Callback] = [
+        run,
+        ptl_rl.EnvStepLimit(pipeline, args.env_steps),  # the budget: one endless epoch until then
+        ptl_rl.EpisodeStatsLogger(pipeline, every_n_steps=args.log_every),
+    ]
+    if args.eval_every:
+        callbacks.append(Evaluation(args, run, source, make_env(args.env_id, args.eval_episodes)))
+    if args.video_every:  # greedy episodes filmed in an env of their own, into <run directory>/videos/
+        video_env = gym.make(args.env_id, render_mode="rgb_array")
+        callbacks.append(run.video(pipeline, video_env, lambda module: greedy_agent(module.q_net)))
+    if args.progress_bar:
+        callbacks.append(reporting.EnvStepsProgressBar(source, refresh_rate=args.log_every))
+    with quiet_lightning():  # Lightning's lines that ask nothing of the user (no GPU here, ...)
+        trainer = pl.Trainer(
+            accelerator=args.accelerator,
+            devices=1,
+            max_epochs=-1,
+            max_time=datetime.timedelta(seconds=args.time_limit) if args.time_limit else None,
+            logger=run.loggers or False,
+            log_every_n_steps=args.log_every,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=args.progress_bar,
+            callbacks=callbacks,
+        )
+        trainer.fit(model, train_dataloaders=ptl_rl.to_dataloader(pipeline))
+    env.close()
 
-
-def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
-    """Parse ``argv`` (or take parsed args), train, print a one-line report; returns the summary."""
-    args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv)
-    summary = train(args)
-    print(harness.report(summary))
+    # ---------------------------------------------------------------------------- final evaluation, summary
+    if args.final_eval_episodes:  # the final weights, greedy, on fresh episodes
+        final_env = make_env(args.env_id, args.final_eval_episodes)
+        run.evaluate("final", final_env, greedy_agent(model.cpu().q_net), args.final_eval_episodes)
+        final_env.close()
+    summary = run.finish(trainer)
+    print(reporting.summary_line(summary))
     return summary
 
 
 if __name__ == "__main__":
-    main(ARGS)
+    train(parse_args())

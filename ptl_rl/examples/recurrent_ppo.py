@@ -26,23 +26,39 @@ Read it top to bottom (CleanRL's ``ppo_atari_lstm.py`` and sb3-contrib's
    over each sequence from its stored state, zeroing it at episode starts,
    and gives log-probs and values for the clipped-surrogate loss, averaged
    over the real rows.
-4. ``train``: ``ExperienceSource`` (a ``ptl_rl.RecurrentActorCriticAgent``: one
+4. ``Evaluation``: greedy evaluations every ``--eval-every`` env steps, after
+   a rollout's last update, stopping once ``--solved-return`` is reached and
+   confirmed on fresh episodes.
+5. ``train``: ``ExperienceSource`` (a ``ptl_rl.RecurrentActorCriticAgent``: one
    hidden state per sub-env, reset at episode starts) -> ``RolloutBuffer``
-   (GAE, sequences), handed to ``ptl_rl.examples.harness.run``.
+   (GAE, sequences); then the Trainer (``max_epochs`` = the rollouts the
+   budget buys) with its callbacks, ``fit``, the final evaluation and the
+   summary (written down by ``ptl_rl.examples.reporting``).
 """
 
-# ruff: noqa: E402 - torch, Lightning and ptl_rl's stages are imported after parse_args on purpose (see below)
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any, cast
+import datetime
+import math
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
+import pytorch_lightning as pl
+import torch
 from gymnasium import spaces
+from torch import nn
 
-from ptl_rl.examples import cli
-from ptl_rl.examples.partial_obs import ENV_ID  # registers CartPoleNoVelocity-v1 (no torch)
+import ptl_rl
+from ptl_rl.examples import cli, reporting
+from ptl_rl.examples.partial_obs import ENV_ID  # registers CartPoleNoVelocity-v1
+from ptl_rl.examples.quiet import quiet_lightning
+from ptl_rl.examples.r2d2 import FeedForwardCore
+
+if TYPE_CHECKING:
+    from lightning_fabric.utilities.data import AttributeDict
+    from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -78,22 +94,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     return args
-
-
-if __name__ == "__main__":
-    ARGS = parse_args()  # --help and argument errors end here, in about a second
-
-import pytorch_lightning as pl
-import torch
-from torch import nn
-
-import ptl_rl
-from ptl_rl.examples import harness
-from ptl_rl.examples.r2d2 import FeedForwardCore
-
-if TYPE_CHECKING:
-    from lightning_fabric.utilities.data import AttributeDict
-    from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 
 
 # ---------------------------------------------------------------------------- network
@@ -191,7 +191,12 @@ class RecurrentPPO(pl.LightningModule):
 
     def training_step(self, batch: ptl_rl.TorchBatch, batch_idx: int) -> torch.Tensor:
         loss = self.ppo_loss(batch, batch_idx)
-        harness.manual_step(self, self.optimizers(), loss, self.hparams.grad_clip)
+        optimizer: Any = self.optimizers()  # configure_optimizers' one, as Lightning wraps it
+        optimizer.zero_grad(set_to_none=True)
+        self.manual_backward(loss)
+        if self.hparams.grad_clip:  # by hand: Lightning's gradient_clip_val is for automatic optimization
+            self.clip_gradients(optimizer, gradient_clip_val=self.hparams.grad_clip, gradient_clip_algorithm="norm")
+        optimizer.step()
         return loss.detach()
 
     def on_train_epoch_end(self) -> None:
@@ -245,16 +250,51 @@ def greedy_agent(net: nn.Module, action_space: gym.Space) -> ptl_rl.RecurrentAct
     return ptl_rl.RecurrentActorCriticAgent(net, action_space, greedy=True)
 
 
+class Evaluation(pl.Callback):
+    """Every ``--eval-every`` env steps, after a rollout's last update, the greedy policy plays ``--eval-episodes``.
+
+    Once their mean return reaches ``--solved-return``, ``--confirm-episodes`` episodes from start states no
+    evaluation has used must reach it too, and only then does training stop, at a rollout boundary: a policy
+    that crossed by luck of the start states keeps training. ``run`` plays and records each evaluation.
+    """
+
+    def __init__(self, args: argparse.Namespace, run: reporting.Run, rollout: ptl_rl.RolloutBuffer, env: Any) -> None:
+        self.args, self.run, self.rollout, self.env = args, run, rollout, env
+        self.source = ptl_rl.find_stage(rollout, ptl_rl.ExperienceSource)
+        self.next_eval = args.eval_every
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, idx: int) -> None:
+        args, steps = self.args, self.source.total_steps
+        if (idx + 1) % self.rollout.batches_per_rollout or steps < self.next_eval:
+            return  # (a rollout's updates are all done only after its last batch)
+        self.next_eval = steps - steps % args.eval_every + args.eval_every
+        agent = greedy_agent(pl_module.net, self.env.single_action_space)
+        mean = self.run.evaluate("eval", self.env, agent, args.eval_episodes)
+        pl_module.log("eval/return_mean", mean, prog_bar=True, on_step=True, on_epoch=False)
+        target = args.solved_return
+        if target is not None and mean >= target and args.confirm_episodes:
+            mean = self.run.evaluate("confirm", self.env, agent, args.confirm_episodes)
+            pl_module.log("eval/confirm_return_mean", mean, on_step=True, on_epoch=False)
+        if target is not None and mean >= target:
+            self.run.solved()
+            trainer.should_stop = True
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.env.close()
+
+
 # ---------------------------------------------------------------------------- training
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Train, then evaluate the final weights on fresh episodes; returns the run's summary (see ``harness.run``)."""
-    harness.set_up(args)
+    """Train, evaluate the final weights on fresh episodes, print one line; returns the run's summary."""
+    torch.set_num_threads(args.threads)
+    pl.seed_everything(args.seed, verbose=False)
     env = make_env(args.env_id, args.num_envs)
     obs_space, action_space = env.single_observation_space, env.single_action_space
-    assert isinstance(obs_space, spaces.Box)
+    assert isinstance(obs_space, spaces.Box)  # cli.parse checked
     # the observation space's finite bounds scale the inputs (CartPole: position 4.8, angle 0.418 rad)
     obs_bound = [float(h) if np.isfinite(h) and h > 0 else 1.0 for h in obs_space.high.reshape(-1)]
-    num_rollouts = harness.rollouts_for(args.env_steps, args.num_envs, args.steps_per_env)  # rounded up
+    # --env-steps rounded up to whole rollouts, each trained in full (--help says so)
+    num_rollouts = max(1, math.ceil(args.env_steps / (args.num_envs * args.steps_per_env)))
     model = RecurrentPPO(obs_bound, action_space, args, num_rollouts)
 
     # ExperienceSource (one hidden state per sub-env, stored per step as `hidden`) -> RolloutBuffer (GAE, sequences)
@@ -268,36 +308,61 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         sequence_length=args.sequence_length,
         seed=args.seed,
     )
+    # one Lightning epoch = one rollout; a sized loader also keeps Lightning from prefetching a stale batch
     loader = ptl_rl.to_dataloader(rollout, steps_per_epoch=rollout.batches_per_rollout)
-    return harness.run(
-        harness.Experiment(
-            "recurrent_ppo",
-            args,
-            model,
-            rollout,
-            loader,
-            make_env=lambda n: make_env(args.env_id, n),
-            greedy_agent=lambda module: greedy_agent(cast(RecurrentPPO, module).net, action_space),
-            max_epochs=num_rollouts,
-            config={
-                "obs_bound": obs_bound,
-                "num_rollouts": num_rollouts,
-                "parameters": sum(p.numel() for p in model.net.parameters()),
-                "anneal_schedule": f"lr and clip linear to 0 over {num_rollouts} rollouts" if args.anneal else None,
-            },
-            log_every=rollout.batches_per_rollout,
-            max_rollouts=num_rollouts,  # the run ends after the last update of the last rollout
-        )
+
+    # ---------------------------------------------------------------------------- the Trainer
+    run = reporting.Run(
+        "recurrent_ppo",
+        args,
+        model,
+        source,
+        config={
+            "obs_bound": obs_bound,
+            "num_rollouts": num_rollouts,
+            "parameters": sum(p.numel() for p in model.net.parameters()),
+            "anneal_schedule": f"lr and clip linear to 0 over {num_rollouts} rollouts" if args.anneal else None,
+        },
     )
+    log_every = rollout.batches_per_rollout  # once per rollout
+    callbacks: list[pl.Callback] = [run, ptl_rl.EpisodeStatsLogger(rollout, every_n_steps=log_every)]
+    if args.eval_every:
+        callbacks.append(Evaluation(args, run, rollout, make_env(args.env_id, args.eval_episodes)))
+    if args.video_every:  # greedy episodes filmed in an env of their own, into <run directory>/videos/
+        video_env = gym.make(args.env_id, render_mode="rgb_array")
+        callbacks.append(run.video(rollout, video_env, lambda module: greedy_agent(module.net, action_space)))
+    if args.progress_bar:
+        callbacks.append(reporting.EnvStepsProgressBar(source, refresh_rate=log_every))
+    with quiet_lightning():  # Lightning's lines that ask nothing of the user (no GPU here, ...)
+        trainer = pl.Trainer(
+            accelerator=args.accelerator,
+            devices=1,
+            max_epochs=num_rollouts,  # the budget: the run ends after the last update of the last rollout
+            max_time=datetime.timedelta(seconds=args.time_limit) if args.time_limit else None,
+            logger=run.loggers or False,
+            log_every_n_steps=log_every,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=args.progress_bar,
+            callbacks=callbacks,
+        )
+        trainer.fit(model, train_dataloaders=loader)
+    env.close()
 
-
-def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
-    """Parse ``argv`` (or take parsed args), train, print a one-line report; returns the summary."""
-    args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv)
-    summary = train(args)
-    print(harness.report(summary))
+    # ---------------------------------------------------------------------------- final evaluation, summary
+    if args.final_eval_episodes:  # the final weights, greedy, on fresh episodes
+        final_env = make_env(args.env_id, args.final_eval_episodes)
+        run.evaluate("final", final_env, greedy_agent(model.cpu().net, action_space), args.final_eval_episodes)
+        final_env.close()
+    summary = run.finish(
+        trainer,
+        rollouts=rollout.rollouts_collected,  # env_steps: those taken, in whole rollouts
+        env_steps_budget=args.env_steps,
+        env_steps_per_rollout=args.num_envs * args.steps_per_env,
+    )
+    print(reporting.summary_line(summary))
     return summary
 
 
 if __name__ == "__main__":
-    main(ARGS)
+    train(parse_args())

@@ -128,7 +128,7 @@ class RunDirectory:
         package is not installed (``pip install tensorboard``, or the
         ``examples`` extra).
         """
-        from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger  # noqa: PLC0415 - after parsing
+        from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger  # noqa: PLC0415 - plot.py reads runs without Lightning
 
         loggers: list[Any] = [CSVLogger(self.path, name="", version="")]
         if tensorboard and tensorboard_available():

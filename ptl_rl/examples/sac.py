@@ -4,9 +4,9 @@
 
 Read it top to bottom, CleanRL style:
 
-1. ``parse_args``: every hyperparameter is a flag (the shared ones come from
-   ``ptl_rl.examples.cli``, parsed before torch is imported); the defaults
-   solve Pendulum-v1.
+1. ``parse_args``: every hyperparameter is a flag (the shared ones, and the
+   env check, come from ``ptl_rl.examples.cli``); the defaults solve
+   Pendulum-v1.
 2. Networks: a tanh-squashed Gaussian policy (``ptl_rl.action_head(...,
    squashed=True)``) acting in policy space ``[-1, 1]``, and twin Q-networks
    ``Q(obs, policy_action)``. The agent maps policy actions to the env's
@@ -26,15 +26,16 @@ Read it top to bottom, CleanRL style:
    before the goal is ever seen (every push costs reward, so "do nothing",
    return 0, wins); temporally correlated Ornstein-Uhlenbeck noise keeps
    pushing one way long enough to rock the car up the hill.
-5. ``train``: builds the env, the agent (uniform random actions for the first
+5. ``Evaluation``: every ``--eval-every`` env steps the policy's mean action
+   plays in an env of its own; training stops once it reaches
+   ``--solved-return`` and fresh episodes confirm it.
+6. ``train``: the env, the agent (uniform random actions for the first
    ``--learning-starts`` steps) and the pipeline ``ExperienceSource ->
    ReplayBuffer -> BatchSampler`` (``--gradient-steps`` gradient steps every
-   ``--train-freq`` env steps, default one per env step), and hands them to
-   ``ptl_rl.examples.harness.run``: evaluations of the policy's mean action
-   every ``--eval-every`` env steps (stopping once ``--solved-return`` is
-   reached and confirmed on fresh episodes), the final evaluation and the run
-   directory.
-6. Goal envs (``--her``): for envs that observe a dict with ``observation``,
+   ``--train-freq`` env steps, default one per env step); then the Trainer
+   with its callbacks, ``fit``, the final evaluation on fresh episodes and the
+   summary (written down by ``ptl_rl.examples.reporting``).
+7. Goal envs (``--her``): for envs that observe a dict with ``observation``,
    ``achieved_goal`` and ``desired_goal`` (gymnasium-robotics' Fetch tasks),
    the networks read ``observation`` and ``desired_goal`` side by side
    (``GoalInput``) and the replay is a ``ptl_rl.HERReplayBuffer``, which
@@ -43,15 +44,27 @@ Read it top to bottom, CleanRL style:
    takes SB3-zoo's recipe for it; the summary adds the greedy success rate.
 """
 
-# ruff: noqa: E402 - torch, Lightning and ptl_rl's stages are imported after parse_args on purpose (see below)
 from __future__ import annotations
 
 import argparse
+import datetime
 from typing import TYPE_CHECKING, Any
 
+import gymnasium as gym
+import numpy as np
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
 from gymnasium import spaces
+from torch import nn
 
-from ptl_rl.examples import cli
+import ptl_rl
+from ptl_rl.examples import cli, reporting
+from ptl_rl.examples.burst import replay_stage
+from ptl_rl.examples.quiet import quiet_lightning
+
+if TYPE_CHECKING:
+    from lightning_fabric.utilities.data import AttributeDict
 
 # ---------------------------------------------------------------------------- arguments
 #: defaults per recipe (--recipe; under 'auto' chosen by the env). An explicit flag still wins.
@@ -120,7 +133,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     h.add_argument("--n-sampled-goal", type=int, default=4, help="relabeled transitions per real one (SB3's meaning)")
     h.add_argument("--goal-strategy", choices=("future", "final", "episode"), default="future", help="which goal")
     cli.apply_recipe(p, argv, RECIPES, recipe_of=_goal_recipe)
-    # fails here, with the usage line, for a mistyped or unsuitable env: before the imports below
+    # a mistyped or unsuitable env ends here, with the usage line and the reason
     args, env = cli.parse(p, argv, (spaces.Box,), "SAC", solved_returns={"Pendulum-v1": -200.0}, box_observations=False)
     check_observations(p, args, env.observation_space)
     if args.noise_std < 0 or not 0 < args.noise_theta <= 1:
@@ -152,24 +165,6 @@ def check_observations(p: argparse.ArgumentParser, args: argparse.Namespace, spa
         )
     if args.n_sampled_goal < 0:
         p.error(f"--n-sampled-goal must be >= 0, got {args.n_sampled_goal}")
-
-
-if __name__ == "__main__":
-    ARGS = parse_args()  # --help and argument errors end here, in about a second
-
-import gymnasium as gym
-import numpy as np
-import pytorch_lightning as pl
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-import ptl_rl
-from ptl_rl.examples import harness
-from ptl_rl.examples.burst import replay_stage
-
-if TYPE_CHECKING:
-    from lightning_fabric.utilities.data import AttributeDict
 
 
 # ---------------------------------------------------------------------------- networks
@@ -274,7 +269,11 @@ class SAC(pl.LightningModule):
 
     def optimize(self, optimizer: Any, loss: torch.Tensor) -> None:
         """One step of ``optimizer`` on ``loss``, its gradient norm clipped to ``--grad-clip`` if set."""
-        harness.manual_step(self, optimizer, loss, self.hparams.grad_clip)
+        optimizer.zero_grad(set_to_none=True)
+        self.manual_backward(loss)
+        if self.hparams.grad_clip:  # by hand: Lightning's gradient_clip_val is for automatic optimization
+            self.clip_gradients(optimizer, gradient_clip_val=self.hparams.grad_clip, gradient_clip_algorithm="norm")
+        optimizer.step()
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         hp = self.hparams
@@ -362,15 +361,48 @@ def success_rate(actor: nn.Module, env_id: str, episodes: int, seed: int) -> flo
     return successes / episodes if episodes else float("nan")
 
 
-def greedy_agent(actor: nn.Module, env: gym.vector.VectorEnv) -> ptl_rl.StochasticPolicyAgent:
+def greedy_agent(actor: nn.Module, action_space: gym.Space) -> ptl_rl.StochasticPolicyAgent:
     """The policy's mean action, tanh(mu)."""
-    return ptl_rl.StochasticPolicyAgent(actor, env.single_action_space, greedy=True)
+    return ptl_rl.StochasticPolicyAgent(actor, action_space, greedy=True)
+
+
+class Evaluation(pl.Callback):
+    """Every ``--eval-every`` env steps the policy's mean action plays ``--eval-episodes`` episodes in ``env``.
+
+    Once their mean return reaches ``--solved-return``, ``--confirm-episodes`` episodes from start states no
+    evaluation has used must reach it too, and only then does training stop: a policy that crossed by luck
+    of the start states keeps training. ``run`` plays and records each evaluation (its seeds, evaluations.csv).
+    """
+
+    def __init__(self, args: argparse.Namespace, run: reporting.Run, source: ptl_rl.ExperienceSource, env: Any) -> None:
+        self.args, self.run, self.source, self.env = args, run, source, env
+        self.next_eval = args.eval_every
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, *unused: Any) -> None:
+        args, steps = self.args, self.source.total_steps
+        if steps < self.next_eval:
+            return
+        self.next_eval = steps - steps % args.eval_every + args.eval_every
+        agent = greedy_agent(pl_module.actor, self.env.single_action_space)
+        mean = self.run.evaluate("eval", self.env, agent, args.eval_episodes)
+        pl_module.log("eval/return_mean", mean, prog_bar=True, on_step=True, on_epoch=False)
+        target = args.solved_return
+        if target is not None and mean >= target and args.confirm_episodes:
+            mean = self.run.evaluate("confirm", self.env, agent, args.confirm_episodes)
+            pl_module.log("eval/confirm_return_mean", mean, on_step=True, on_epoch=False)
+        if target is not None and mean >= target:
+            self.run.solved()
+            trainer.should_stop = True
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.env.close()
 
 
 # ---------------------------------------------------------------------------- training
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Train, then evaluate the final weights; returns the run's summary (see ``harness.run``)."""
-    harness.set_up(args)
+    """Train, evaluate the final weights on fresh episodes, print one line; returns the run's summary."""
+    torch.set_num_threads(args.threads)
+    pl.seed_everything(args.seed, verbose=False)
     env = make_env(args.env_id, args.num_envs)
     action_space = env.single_action_space
     if not isinstance(action_space, spaces.Box):  # (cli.parse refused the others; said again for the checker)
@@ -404,43 +436,64 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     else:
         buffer = ptl_rl.ReplayBuffer(source, **replay)
     pipeline = ptl_rl.BatchSampler(replay_stage(buffer, args.gradient_steps), batch_size=args.batch_size)
-    return harness.run(
-        harness.Experiment(
-            "sac",
-            args,
-            model,
-            pipeline,
-            # epochs of 1000 batches: the env-step budget ends training (manual optimization counts every
-            # optimizer's steps in global_step, so max_steps would not mean gradient steps)
-            ptl_rl.to_dataloader(pipeline, steps_per_epoch=1_000),
-            make_env=lambda n: make_env(args.env_id, n),
-            greedy_agent=lambda module: greedy_agent(module.actor, env),
-            extra_summary=goal_summary(args, model, env.single_observation_space),
-            config={
-                "obs_dim": input_layer(env.single_observation_space)[1],
-                "action_space": str(env.single_action_space),
-                "target_entropy": model.target_entropy,
-                "replay_ratio": args.batch_size * args.gradient_steps / args.train_freq,
-            },
-        )
+    # epochs of 1000 batches: the env-step budget ends training (manual optimization counts every optimizer's
+    # steps in global_step, so max_steps would not mean gradient steps)
+    loader = ptl_rl.to_dataloader(pipeline, steps_per_epoch=1_000)
+
+    # ---------------------------------------------------------------------------- the Trainer
+    run = reporting.Run(
+        "sac",
+        args,
+        model,
+        source,
+        config={
+            "obs_dim": input_layer(env.single_observation_space)[1],
+            "action_space": str(action_space),
+            "target_entropy": model.target_entropy,
+            "replay_ratio": args.batch_size * args.gradient_steps / args.train_freq,
+        },
     )
+    callbacks: list[pl.Callback] = [
+        run,
+        ptl_rl.EnvStepLimit(pipeline, args.env_steps),  # the budget
+        ptl_rl.EpisodeStatsLogger(pipeline, every_n_steps=args.log_every),
+    ]
+    if args.eval_every:
+        callbacks.append(Evaluation(args, run, source, make_env(args.env_id, args.eval_episodes)))
+    if args.video_every:  # greedy episodes filmed in an env of their own, into <run directory>/videos/
+        video_env = gym.make(args.env_id, render_mode="rgb_array")
+        callbacks.append(run.video(pipeline, video_env, lambda module: greedy_agent(module.actor, action_space)))
+    if args.progress_bar:
+        callbacks.append(reporting.EnvStepsProgressBar(source, refresh_rate=args.log_every))
+    with quiet_lightning():  # Lightning's lines that ask nothing of the user (no GPU here, ...)
+        trainer = pl.Trainer(
+            accelerator=args.accelerator,
+            devices=1,
+            max_epochs=-1,
+            max_time=datetime.timedelta(seconds=args.time_limit) if args.time_limit else None,
+            logger=run.loggers or False,
+            log_every_n_steps=args.log_every,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=args.progress_bar,
+            callbacks=callbacks,
+        )
+        trainer.fit(model, train_dataloaders=loader)
+    env.close()
 
-
-def goal_summary(args: argparse.Namespace, model: SAC, space: gym.spaces.Space) -> Any:
-    """For goal envs, ``() -> {"success_rate": ...}`` over the final evaluation's number of fresh episodes."""
-    if not is_goal_space(space):
-        return None
-    seed = args.seed + harness.FINAL_SEED
-    return lambda: {"success_rate": success_rate(model.actor, args.env_id, args.final_eval_episodes, seed)}
-
-
-def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
-    """Parse ``argv`` (or take parsed args), train, print a one-line report; returns the summary."""
-    args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv)
-    summary = train(args)
-    print(harness.report(summary))
+    # ---------------------------------------------------------------------------- final evaluation, summary
+    extra = {}
+    if args.final_eval_episodes:  # the final weights, the policy's mean action, on fresh episodes
+        final_env = make_env(args.env_id, args.final_eval_episodes)
+        run.evaluate("final", final_env, greedy_agent(model.cpu().actor, action_space), args.final_eval_episodes)
+        final_env.close()
+    if is_goal_space(env.single_observation_space):  # goal envs: the share of those episodes that reach the goal
+        seed = args.seed + reporting.FINAL_SEED
+        extra["success_rate"] = success_rate(model.actor, args.env_id, args.final_eval_episodes, seed)
+    summary = run.finish(trainer, **extra)
+    print(reporting.summary_line(summary))
     return summary
 
 
 if __name__ == "__main__":
-    main(ARGS)
+    train(parse_args())

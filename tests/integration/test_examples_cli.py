@@ -1,4 +1,4 @@
-"""The examples' command lines: help, errors before heavy imports, run directories, the plot, the shared flags.
+"""The examples' command lines: help, usage errors, run directories, the plot, the shared flags.
 
 Runs use tiny budgets (a few seconds each); whether the examples learn is the
 learning tests' job (test_learning*.py, test_pixel_dqn.py, test_offline.py).
@@ -53,6 +53,11 @@ def run_python(code: str, *args: str, timeout: float = 120) -> subprocess.Comple
     )
 
 
+def run_example(module, argv: list[str]) -> dict:
+    """What ``python -m ptl_rl.examples.<module> ARGV`` does, in-process: parse, train; returns the summary."""
+    return module.train(module.parse_args(argv))
+
+
 # the example runs as `python -m`; afterwards, report whether torch or Lightning were imported
 RUN_AS_MAIN = """
 import runpy, sys
@@ -67,12 +72,29 @@ except SystemExit as exit:
 """
 
 
-# ---------------------------------------------------------------------- help and errors, before heavy imports
-@pytest.mark.parametrize("name", [*EXAMPLES, "plot"])
-def test_help_names_the_module_and_imports_neither_torch_nor_lightning(name):
-    done = run_python(RUN_AS_MAIN, name, "--help")
+# ---------------------------------------------------------------------- help and usage errors
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_help_names_the_module(name, capsys):
+    module = __import__(f"ptl_rl.examples.{name}", fromlist=["parse_args"])
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(["--help"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: python -m ptl_rl.examples.{name}")
+
+
+def test_python_dash_m_answers_help():
+    """The command line itself. An example imports torch and Lightning at its top (it reads top to bottom, as
+    CleanRL's scripts do), so its ``--help`` pays for them: docs/design/examples.md, "--help after the imports"."""
+    done = run_python(RUN_AS_MAIN, "dqn", "--help")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"usage: python -m ptl_rl.examples.{name}")
+    assert done.stdout.startswith("usage: python -m ptl_rl.examples.dqn")
+
+
+def test_plot_help_imports_neither_torch_nor_lightning():
+    """The plot command reads CSV and JSON only: where it runs (a laptop with copied runs) torch may be absent."""
+    done = run_python(RUN_AS_MAIN, "plot", "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m ptl_rl.examples.plot")
     assert "HEAVY: \n" in done.stderr, f"--help imported {done.stderr.split('HEAVY:')[-1].strip()}"
 
 
@@ -99,13 +121,20 @@ def test_every_flag_has_help_and_shows_its_default(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_a_mistyped_env_id_exits_2_with_a_suggestion_before_heavy_imports(name):
-    done = run_python(RUN_AS_MAIN, name, "--env-id", "CartPol-v1")
-    assert done.returncode == 2
-    assert f"usage: python -m ptl_rl.examples.{name}" in done.stderr
-    assert "--env-id CartPol-v1: no such gymnasium env; did you mean CartPole-v1" in done.stderr
-    assert "Traceback" not in done.stderr
-    assert "HEAVY: \n" in done.stderr, "the env check ran after torch/Lightning were imported"
+def test_a_mistyped_env_id_exits_2_with_a_suggestion(name, capsys):
+    module = __import__(f"ptl_rl.examples.{name}", fromlist=["parse_args"])
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(["--env-id", "CartPol-v1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"usage: python -m ptl_rl.examples.{name}" in err
+    assert "--env-id CartPol-v1: no such gymnasium env; did you mean CartPole-v1" in err
+
+
+def test_a_mistyped_env_id_on_the_command_line_is_a_usage_line_not_a_traceback():
+    done = run_python(RUN_AS_MAIN, "dqn", "--env-id", "CartPol-v1")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "error: --env-id CartPol-v1: no such gymnasium env; did you mean CartPole-v1" in done.stderr
 
 
 @pytest.mark.parametrize(
@@ -156,8 +185,8 @@ def runs(tmp_path_factory):
     done = {}
     try:
         for name, argv in TINY.items():
-            module = __import__(f"ptl_rl.examples.{name}", fromlist=["main"])
-            summary = module.main([*argv, "--seed", "3", "--no-progress-bar", "--runs-dir", str(base)])
+            module = __import__(f"ptl_rl.examples.{name}", fromlist=["train"])
+            summary = run_example(module, [*argv, "--seed", "3", "--no-progress-bar", "--runs-dir", str(base)])
             done[name] = (summary, Path(summary["run_dir"]))
     finally:
         sys.path.remove(str(TESTS))
@@ -270,13 +299,16 @@ def test_tensorboard_defaults_to_what_is_installed_and_help_says_so(monkeypatch,
     assert dqn.parse_args([]).tensorboard is True and dqn.parse_args(["--no-tensorboard"]).tensorboard is False
 
 
-def test_a_missing_dataset_is_a_one_line_error_before_heavy_imports(tmp_path):
-    done = run_python(RUN_AS_MAIN, "offline_bc", "--dataset", "does/not/exist-v0")
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert "error: --dataset does/not/exist-v0: no such Minari dataset stored locally" in done.stderr
-    assert "HEAVY: \n" in done.stderr, "the dataset check ran after torch/Lightning were imported"
-    done = run_python(RUN_AS_MAIN, "offline_bc", "--dataset", str(tmp_path))
-    assert done.returncode == 2 and "a directory without a Minari dataset" in done.stderr
+def test_a_missing_dataset_is_a_one_line_error_before_anything_is_recorded(tmp_path, capsys):
+    from ptl_rl.examples import offline_bc
+
+    for dataset, message in [
+        ("does/not/exist-v0", "error: --dataset does/not/exist-v0: no such Minari dataset stored locally"),
+        (str(tmp_path), "a directory without a Minari dataset"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            offline_bc.parse_args(["--dataset", dataset])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_plot_help_states_each_default_once(capsys):
@@ -294,7 +326,7 @@ def test_empty_runs_dir_writes_nothing(tmp_path, monkeypatch, restore_torch_thre
 
     monkeypatch.chdir(tmp_path)
     argv = [*TINY["dqn"], "--env-steps", "600", "--eval-every", "0", "--no-progress-bar", "--runs-dir", ""]
-    summary = dqn.main(argv)
+    summary = run_example(dqn, argv)
     assert summary["run_dir"] is None and not list(tmp_path.iterdir())
 
 
@@ -331,39 +363,47 @@ class FakeTrainer:
 
 
 class FakeModule:
+    def __init__(self, q_net):
+        self.q_net = q_net
+
     def log(self, *args, **kwargs):
         pass
 
 
-def test_a_crossing_that_fresh_episodes_do_not_confirm_keeps_training(monkeypatch):
-    from ptl_rl.examples.harness import ConfirmedEvaluation
+def test_a_crossing_that_fresh_episodes_do_not_confirm_keeps_training(monkeypatch, tmp_path):
+    """An example's ``Evaluation`` (DQN's here; the others' have the same rule) with ``reporting.Run`` playing."""
+    import ptl_rl
+    from ptl_rl.examples import dqn, reporting
 
-    no_episodes = lambda self: []  # noqa: E731 - the methods of ptl_rl.core.protocols.EpisodeCounter, never called here
-    source = type("Source", (), {"total_steps": 0, "episodes_finished": 0, "recent_episodes": no_episodes,
-                                 "pop_episodes": no_episodes, "episode_stats": no_episodes})()  # fmt: skip
-    notes = []
-    evaluation = ConfirmedEvaluation(
-        source, None, lambda module: None, every_env_steps=100, episodes=4, stop_at_return=10.0, seed=5,
-        confirm_episodes=6, record=lambda steps, kind, returns: notes.append((steps, kind, len(returns))),
-    )  # fmt: skip
+    argv = ["--eval-every", "100", "--eval-episodes", "4", "--solved-return", "10", "--confirm-episodes", "6",
+            "--seed", "5", "--runs-dir", str(tmp_path), "--no-tensorboard"]  # fmt: skip
+    args = dqn.parse_args(argv)
+    model = dqn.DQN(4, 2)
+    source = type("Source", (), {"total_steps": 0, "pop_episodes": lambda self: []})()
+    run = reporting.Run("dqn", args, model, source)
+    evaluation = dqn.Evaluation(args, run, source, env=None)
     # periodic evaluation means 12 (crosses), 8, 11 (crosses); confirmations 7 (fails), 10 (confirms)
     scripted = iter([12.0, 7.0, 8.0, 11.0, 10.0])
     seeds = []
 
-    def returns(self, module, episodes, seed):
+    def evaluate(env, agent, episodes, seed):
         seeds.append(seed)
         return np.full(episodes, next(scripted))
 
-    monkeypatch.setattr(ConfirmedEvaluation, "_returns", returns)
+    monkeypatch.setattr(ptl_rl, "evaluate", evaluate)
     trainer = FakeTrainer()
     for steps in (100, 200, 300):
         source.total_steps = steps
-        evaluation.on_train_batch_end(trainer, FakeModule())
+        evaluation.on_train_batch_end(trainer, FakeModule(model.q_net), None, None, 0)
         assert trainer.should_stop == (steps == 300), steps
-    assert notes == [(100, "eval", 4), (100, "confirm", 6), (200, "eval", 4), (300, "eval", 4), (300, "confirm", 6)]
-    assert evaluation.solved_at == 300 and evaluation.confirmations == [(100, 7.0), (300, 10.0)]
-    assert evaluation.history == [(100, 12.0), (200, 8.0), (300, 11.0)]
-    assert len(set(seeds)) == len(seeds), "every evaluation and confirmation starts from its own seeds"
+    rows = [
+        (int(row["env_steps"]), row["kind"], int(row["episodes"])) for row in read_rows(run.path / "evaluations.csv")
+    ]
+    assert rows == [(100, "eval", 4), (100, "confirm", 6), (200, "eval", 4), (300, "eval", 4), (300, "confirm", 6)]
+    assert run.solved_at == 300 and run.confirmations == [(100, 7.0), (300, 10.0)]
+    assert run.history == [(100, 12.0), (200, 8.0), (300, 11.0)]
+    # evaluation k from seed + 10000 + 1000 k, its confirmation from seed + 500000 + 1000 k: all apart
+    assert seeds == [10_005, 500_005, 11_005, 12_005, 502_005]
 
 
 def test_time_limit_stops_training_and_says_so(tmp_path, restore_torch_threads):
@@ -371,7 +411,7 @@ def test_time_limit_stops_training_and_says_so(tmp_path, restore_torch_threads):
 
     argv = ["--env-steps", "10000000", "--time-limit", "3", "--eval-every", "0", "--final-eval-episodes", "1",
             "--no-progress-bar", "--runs-dir", str(tmp_path)]  # fmt: skip
-    summary = dqn.main(argv)
+    summary = run_example(dqn, argv)
     assert summary["stopped"] == "time limit"
     assert 3 <= summary["train_time_s"] and summary["env_steps"] < 10_000_000
     assert json.loads((Path(summary["run_dir"]) / "summary.json").read_text())["stopped"] == "time limit"
@@ -384,7 +424,7 @@ def test_grad_clip_bounds_every_optimizer_steps_gradient_norm(name, argv, monkey
     import pytorch_lightning as pl
     import torch
 
-    module = __import__(f"ptl_rl.examples.{name}", fromlist=["main"])
+    module = __import__(f"ptl_rl.examples.{name}", fromlist=["train"])
     clip_gradients = pl.LightningModule.clip_gradients
     norms = []
 
@@ -394,7 +434,7 @@ def test_grad_clip_bounds_every_optimizer_steps_gradient_norm(name, argv, monkey
         norms.append((gradient_clip_val, float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))))
 
     monkeypatch.setattr(pl.LightningModule, "clip_gradients", spy)
-    module.main([*argv, "--eval-every", "0", "--grad-clip", "0.01", "--no-progress-bar", "--runs-dir", ""])
+    run_example(module, [*argv, "--eval-every", "0", "--grad-clip", "0.01", "--no-progress-bar", "--runs-dir", ""])
     assert norms and all(value == 0.01 for value, _ in norms)
     assert max(norm for _, norm in norms) <= 0.01 * (1 + 1e-4)
 
@@ -417,7 +457,7 @@ def test_dqn_batches_per_step_counts_every_gradient_step(group, monkeypatch, res
     monkeypatch.setattr(torch.optim.Adam, "step", spy)
     argv = [*TINY["dqn"], "--eval-every", "0", "--batches-per-step", str(group), "--hidden", "12", "7",
             "--no-progress-bar", "--runs-dir", ""]  # fmt: skip
-    summary = dqn.main(argv)
+    summary = run_example(dqn, argv)
     assert summary["gradient_steps"] == len(steps) > 100
     # 1500 env steps, learning from 500 on, one gradient step per 4 env steps: 250, less the batches pulled ahead
     # (Lightning's prefetch, the budget check between steps), plus up to K - 1 more for a group that straddles it
@@ -452,7 +492,7 @@ def test_ppo_anneals_the_learning_rate_once_per_rollout(monkeypatch, restore_tor
 
     monkeypatch.setattr(torch.optim.lr_scheduler.LambdaLR, "step", spy)
     argv = [*TINY["ppo"], "--eval-every", "0", "--anneal", "--lr", "0.001", "--no-progress-bar", "--runs-dir", ""]
-    summary = ppo.main(argv)
+    summary = run_example(ppo, argv)
     rollouts = summary["rollouts"]
     assert rollouts >= 4
     # the scheduler's own first step at construction, then one per rollout
@@ -556,11 +596,13 @@ def test_videos_without_their_packages_are_refused_when_the_flags_are_parsed(mon
     assert dqn.parse_args([]).video_every == 0  # off by default: nothing is needed
 
 
-def test_an_env_that_cannot_render_is_refused_before_heavy_imports():
-    done = run_python(RUN_AS_MAIN, "dqn_atari", "--env-id", "catch_env:PixelCatch-v0", "--video-every", "100")
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert "--video-every: catch_env:PixelCatch-v0 cannot render rgb_array frames" in done.stderr
-    assert "HEAVY: \n" in done.stderr
+def test_an_env_that_cannot_render_is_refused_when_the_flags_are_parsed(capsys):
+    from ptl_rl.examples import dqn_atari
+
+    with pytest.raises(SystemExit) as exit_info:
+        dqn_atari.parse_args(["--env-id", "catch_env:PixelCatch-v0", "--video-every", "100"])
+    assert exit_info.value.code == 2
+    assert "--video-every: catch_env:PixelCatch-v0 cannot render rgb_array frames" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["dqn", "sac"])
@@ -569,9 +611,9 @@ def test_a_run_with_videos_writes_one_file_per_recording_into_its_directory(name
     pytest.importorskip("pygame", reason="the video extra")
     from videos import decode_mp4
 
-    module = __import__(f"ptl_rl.examples.{name}", fromlist=["main"])
+    module = __import__(f"ptl_rl.examples.{name}", fromlist=["train"])
     argv = [*TINY[name], "--eval-every", "0", "--video-every", "250", "--no-progress-bar", "--runs-dir", str(tmp_path)]
-    summary = module.main(argv)
+    summary = run_example(module, argv)
     videos = summary["videos"]
     steps = [entry["env_steps"] for entry in videos]
     assert len(steps) >= 2 and steps[-1] == summary["env_steps"] and steps == sorted(set(steps))

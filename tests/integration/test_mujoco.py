@@ -34,17 +34,17 @@ def test_ppo_takes_the_mujoco_recipe_for_mujoco_envs_and_explicit_flags_win():
 
 
 def test_ppo_runs_the_mujoco_recipe_on_hopper(tmp_path):
-    summary = ppo.main(["--env-id", "Hopper-v5", "--env-steps", "2048", "--steps-per-env", "512",
+    summary = ppo.train(ppo.parse_args(["--env-id", "Hopper-v5", "--env-steps", "2048", "--steps-per-env", "512",
                         "--num-minibatches", "4", "--update-epochs", "2", "--final-eval-episodes", "2",
-                        "--runs-dir", str(tmp_path), "--no-progress-bar", "--seed", "3"])  # fmt: skip
+                        "--runs-dir", str(tmp_path), "--no-progress-bar", "--seed", "3"]))  # fmt: skip
     assert summary["env_steps"] >= 2048 and summary["rollouts"] >= 3
     assert math.isfinite(summary["final_eval_return"]) and math.isfinite(summary["train_return_last10"])
 
 
 def test_sac_runs_on_hopper(tmp_path):
-    summary = sac.main(["--env-id", "Hopper-v5", "--env-steps", "1200", "--learning-starts", "400",
+    summary = sac.train(sac.parse_args(["--env-id", "Hopper-v5", "--env-steps", "1200", "--learning-starts", "400",
                         "--batch-size", "32", "--hidden", "32", "--eval-every", "0", "--final-eval-episodes", "1",
-                        "--runs-dir", str(tmp_path), "--no-progress-bar"])  # fmt: skip
+                        "--runs-dir", str(tmp_path), "--no-progress-bar"]))  # fmt: skip
     assert summary["env_steps"] >= 1200 and math.isfinite(summary["final_eval_return"])
 
 

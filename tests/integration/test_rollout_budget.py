@@ -39,7 +39,7 @@ def run(name: str, budget: int, tmp_path: Path, capsys: pytest.CaptureFixture[st
     module, flags, _ = EXAMPLES[name]
     argv = ["--env-id", "CartPole-v1", "--num-envs", str(NUM_ENVS), "--steps-per-env", str(STEPS_PER_ENV),
             "--env-steps", str(budget), *flags, *QUIET, "--runs-dir", str(tmp_path), *extra]  # fmt: skip
-    summary = module.main(argv)
+    summary = module.train(module.parse_args(argv))
     printed = capsys.readouterr().out
     written = json.loads((Path(summary["run_dir"]) / "summary.json").read_text())
     return summary, written, printed

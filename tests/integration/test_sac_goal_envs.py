@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import ptl_rl
 from ptl_rl.examples import sac
 
 GOAL_ENV = ["--env-id", "point_goal:PointGoal-v0"]
@@ -49,13 +48,13 @@ def test_the_goal_networks_read_observation_and_desired_goal_only() -> None:
 
 def test_a_short_her_run_replays_relabeled_goals_and_reports_a_success_rate(monkeypatch) -> None:
     seen = {}
-    real_run = sac.harness.run
+    real_replay_stage = sac.replay_stage
 
-    def spy(experiment):
-        seen["buffer"] = ptl_rl.find_stage(experiment.pipeline, ptl_rl.HERReplayBuffer)
-        return real_run(experiment)
+    def spy(buffer, gradient_steps):
+        seen["buffer"] = buffer  # the replay stage of the pipeline
+        return real_replay_stage(buffer, gradient_steps)
 
-    monkeypatch.setattr(sac.harness, "run", spy)
+    monkeypatch.setattr(sac, "replay_stage", spy)
     flags = ["--env-steps", "700", "--learning-starts", "300", "--batch-size", "64", "--final-eval-episodes", "3"]
     flags += ["--n-sampled-goal", "3", "--goal-strategy", "final"]
     summary = sac.train(sac.parse_args([*GOAL_ENV, *flags, *QUIET]))

@@ -36,7 +36,7 @@ def test_cnn_dqn_learns_pixel_catch(monkeypatch):
         return training_step(self, batch, batch_idx)
 
     monkeypatch.setattr(dqn_atari.AtariDQN, "training_step", recording_step)
-    result = dqn_atari.main([*CATCH_ARGS, "--seed", "0"])
+    result = dqn_atari.train(dqn_atari.parse_args([*CATCH_ARGS, "--seed", "0"]))
     assert dtypes == {torch.uint8}, "pixels must reach training_step as uint8"
     assert result["solved_at_env_steps"] is not None, result["eval_history"]
     assert result["final_eval_return"] >= 0.8, result
@@ -46,7 +46,7 @@ def test_atari_pong_smoke():
     """A few thousand steps of ALE/Pong-v5 with the Nature CNN; the replay holds ~one 84x84 frame per transition."""
     pytest.importorskip("ale_py")
     pytest.importorskip("cv2")
-    result = dqn_atari.main(PONG_ARGS)
+    result = dqn_atari.train(dqn_atari.parse_args(PONG_ARGS))
     assert result["env_steps"] >= 2000 and result["gradient_steps"] > 0
     assert result["naive_bytes_per_transition"] == 2 * 4 * 84 * 84
     ratio = result["replay_bytes_per_transition"] / result["naive_bytes_per_transition"]
