@@ -4,20 +4,20 @@
 name the example module (in ``ptl_rl/examples``) and the results file. Each
 arm runs the example with its defaults and ``--core lstm|gru|mlp`` (``mlp``:
 the recurrent cell replaced by a ReLU layer of the same width). Each run
-appends one record (the run's summary, the commit and the load average) to
-the results file; runs already recorded for the same commit and config are
-skipped.
+appends one record (the run's summary, the commit and the load average, and
+since issue #33 the date and the machine: ``_records.py``) to the results
+file; runs already recorded for the same commit and config are skipped.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+import _records
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's ptl_rl
@@ -37,15 +37,8 @@ KEEP = (
 )
 
 
-def commit() -> str:
-    """The checkout's short commit, with ``-dirty`` when tracked files have changes not committed."""
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=ROOT, capture_output=True, text=True)
-    return (out.stdout.strip() or "unknown") + ("-dirty" if dirty.stdout.strip() else "")
-
-
 def load(path: Path) -> list[dict]:
-    return json.loads(path.read_text()) if path.exists() else []
+    return _records.load(path)
 
 
 def table(records: list[dict]) -> str:
@@ -53,7 +46,9 @@ def table(records: list[dict]) -> str:
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         groups.setdefault((r["config"]["core"], r["config"]["env_steps"]), []).append(r)
-    lines = [f"{'core':<5}  {'budget':>8}  {'seeds':<7}  {'final return per seed':<26}  solved  mean    cpu s/run"]
+    lines = [
+        f"{'core':<5}  {'budget':>8}  {'seeds':<7}  {'final return per seed':<26}  solved  mean    cpu s/run  runs"
+    ]
     for (core, steps), runs in sorted(groups.items()):
         runs = sorted(runs, key=lambda r: r["config"]["seed"])
         seeds = ",".join(str(r["config"]["seed"]) for r in runs)
@@ -62,7 +57,8 @@ def table(records: list[dict]) -> str:
         mean = sum(r["final_eval_return"] for r in runs) / len(runs)
         cpu = sum(r["cpu_time_s"] for r in runs) / len(runs)
         solved_of = f"{solved}/{len(runs)}"
-        lines.append(f"{core:<5}  {steps:>8,}  {seeds:<7}  {finals:<26}  {solved_of:<6}  {mean:6.1f}  {cpu:.0f}")
+        row = f"{core:<5}  {steps:>8,}  {seeds:<7}  {finals:<26}  {solved_of:<6}  {mean:6.1f}  {cpu:<9.0f}  "
+        lines.append(row + _records.runs(runs))
     return "\n".join(lines)
 
 
@@ -75,11 +71,12 @@ def run_arm(example: str, arm: str, seed: int, env_steps: int, runs_dir: str, re
     argv[argv.index("--runs-dir") + 1] = runs_dir
     if any(r["commit"] == here and r["config"] == config for r in load(results)):
         return
+    date = _records.utc_now()
     summary = module.train(module.parse_args(argv))
     record = {"config": config, **{k: summary[k] for k in KEEP}, "commit": here, "load_average": os.getloadavg()[0]}
+    record.update(date=date, machine=_records.machine())
     print(f"{arm:<4} seed {seed}: final {summary['final_eval_return']:.1f}, {summary['stopped']}", flush=True)
-    results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps([*load(results), record], indent=1, default=str) + "\n")
+    _records.append(results, record)
 
 
 def main(example: str, results: Path, doc: str | None, env_steps: int) -> None:
@@ -93,7 +90,7 @@ def main(example: str, results: Path, doc: str | None, env_steps: int) -> None:
     p.add_argument("--runs-dir", default="", help="also write each run's directory here (evaluations as they come)")
     args = p.parse_args()
     if not args.table:
-        here = commit()
+        here = _records.commit()
         for seed in args.seeds:
             for arm in args.arms:  # interleaved: the machine's load drifts, and both arms see the same drift
                 run_arm(example, arm, seed, args.env_steps, args.runs_dir, args.results, here)

@@ -6,11 +6,14 @@ Measured: add in chunks of 8 rows (one vector step of 8 envs), and uniform
 sampling of 256 rows converted to torch tensors. The bare ring gathers with
 ``v[idx]``, the usual idiom; a second bare variant gathers with
 ``ndarray.take`` (what ptl_rl does) and is printed too, for a fair limit. Prints operations/s of each
-and the ratios (goals: add >= 0.9, sample >= 1.0), medians of the repeats.
-Rates use the process's CPU time (single-threaded: torch uses one thread), so
-other load on the machine does not skew the ratio.
+and the ratios of the medians (goals: add >= 0.9, sample >= 1.0); each repeat
+interleaves all of them. Rates use the process's CPU time (single-threaded:
+torch uses one thread), so other load on the machine skews the ratio less.
+Each run appends a record (date, commit, load, machine, arguments, medians,
+every repeat: ``_records.py``) to ``benchmarks/results/buffer.json``.
 
     python benchmarks/buffer.py [--capacity 100000] [--ops 20000] [--repeats 5]
+    python benchmarks/buffer.py --table      # the README's table, from the records
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import time
 
+import _records
 import numpy as np
 import torch
 
@@ -102,26 +106,58 @@ def measure(capacity: int, ops: int) -> dict[str, float]:
     }
 
 
+ROWS = {  # the README's rows: (label, limit, ptl_rl, goal)
+    "add": ("add 8 rows (one vector step of 8 envs)", "bare_add", "ours_add", ">= 0.9"),
+    "sample": ("sample 256 to torch, limit gathers with ``v[idx]``", "bare_sample", "ours_sample", ">= 1.0"),
+    "sample_take": ("sample 256 to torch, limit gathers with ``take``", "bare_take_sample", "ours_sample", "-"),
+}
+
+
+def table(records: list[dict]) -> str:
+    """The README's table: operations/s of the bare ring and of ptl_rl, and their ratio, from the records."""
+    rows = []
+    for key, (label, limit, ours, goal) in ROWS.items():
+        held = _records.having(records, key)
+        if held:
+            cell = _records.cell
+            rows.append([
+                label, cell(held, limit, "{:,.0f}"), cell(held, ours, "{:,.0f}"), cell(held, (key, "ratio"), "{:.2f}"),
+                goal, _records.runs(held),
+            ])  # fmt: skip
+    slots = "/".join(sorted({f"{r['config']['capacity']:,}" for r in records}))
+    header = [f"CartPole-shaped rows, {slots} slots (ops/s)", "bare ring", "ptl_rl", "ratio", "goal", "run (UTC)"]
+    return _records.rst_table(header, rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--capacity", type=int, default=100_000)
     parser.add_argument("--ops", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=5)
+    _records.add_options(parser, "buffer")
     args = parser.parse_args()
+    if args.table:
+        print(table(_records.select(args)))
+        return
+    run = _records.Run("buffer", args, args.results)
     runs = [measure(args.capacity, args.ops) for _ in range(args.repeats)]  # each run interleaves bare and ours
-    best = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}  # the median run of each
+    best = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}  # the median of each
+    medians: dict = dict(best)
+    for key, (_, limit, ours, _) in ROWS.items():
+        medians[key] = {"ratio": best[ours] / best[limit]}
     print(
         f"add 8 rows      : bare {best['bare_add']:9.0f}/s  ptl_rl {best['ours_add']:9.0f}/s  "
-        f"ratio {best['ours_add'] / best['bare_add']:.3f} (goal >= 0.9)"
+        f"ratio {medians['add']['ratio']:.3f} (goal >= 0.9)"
     )
     print(
         f"sample 256->torch: bare {best['bare_sample']:9.0f}/s  ptl_rl {best['ours_sample']:9.0f}/s  "
-        f"ratio {best['ours_sample'] / best['bare_sample']:.3f} (goal >= 1.0)"
+        f"ratio {medians['sample']['ratio']:.3f} (goal >= 1.0)"
     )
     print(
         f"  vs a bare ring that gathers with ndarray.take: {best['bare_take_sample']:9.0f}/s  "
-        f"ratio {best['ours_sample'] / best['bare_take_sample']:.3f}"
+        f"ratio {medians['sample_take']['ratio']:.3f}"
     )
+    run.save(medians, {k: [r[k] for r in runs] for k in runs[0]})
 
 
 if __name__ == "__main__":

@@ -12,10 +12,13 @@
    accounting itself: the same pipeline with ptl_rl.set_profiling(False) vs on (goal < 2%).
 
 Rates use the process's CPU time (single-threaded: torch uses one thread), so other load on the
-machine skews the ratios less; every ratio is the median over interleaved repeats (the limit and
-ours alternate, so drifts of the machine hit both alike). The load average is printed.
+machine skews the ratios less; every ratio is the median over interleaved repeats of the per-repeat
+ratio (the limit and ours alternate, so drifts of the machine hit both alike). Each run appends a
+record (date, commit, load, machine, arguments, medians, every repeat, the last repeat's profile:
+``_records.py``) to ``benchmarks/results/collection.json``.
 
     python benchmarks/collection.py [--steps 16000] [--repeats 7]
+    python benchmarks/collection.py --table      # the README's tables, from the records
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import argparse
 import os
 import time
 
+import _records
 import gymnasium as gym
 import numpy as np
 import torch
@@ -137,40 +141,94 @@ def median_ratio(ours: list[float], limit: list[float]) -> float:
     return float(np.median(np.array(ours) / np.array(limit)))
 
 
+CASES = {  # record key: (envs, balancing MLP, goal)
+    "8 envs, long episodes": (8, True, 0.95),
+    "8 envs, ~10-step episodes": (8, False, 0.95),
+    "1 env, long episodes": (1, True, 0.9),
+    "1 env, ~10-step episodes": (1, False, 0.9),
+}
+
+
+def table(records: list[dict]) -> str:
+    """The README's tables: collection and add ratios; the profile's stage shares and the accounting's cost."""
+    cell, rows = _records.cell, []
+    for case, (_, _, goal) in CASES.items():
+        held = _records.having(records, case)
+        if held:
+            rows.append([
+                f"source + n-step(3), {case}", cell(held, (case, "raw"), "{:,.0f}"),
+                cell(held, (case, "pipeline"), "{:,.0f}"), cell(held, (case, "ratio"), "{:.2f}"),
+                cell(held, (case, "chunked_ratio"), "{:.2f}"), f">= {goal}", _records.runs(held),
+            ])  # fmt: skip
+    held = _records.having(records, "add")
+    if held:
+        rows.append([
+            "``ReplayBuffer.add``, 8 rows (adds/s)", cell(held, ("add", "bare"), "{:,.0f}"),
+            cell(held, ("add", "ptl_rl"), "{:,.0f}"), cell(held, ("add", "ratio"), "{:.2f}"), "-", ">= 0.9",
+            _records.runs(held),
+        ])  # fmt: skip
+    header = ["measured (env steps/s)", "limit", "ptl_rl", "ratio", "chunks of 8", "goal", "run (UTC)"]
+    out = [_records.rst_table(header, rows)]
+    profiled = [r for r in records if r.get("profile")]
+    if profiled:
+        # the last repeat's profile as {case: {stage: share}}, so that _records.cell reads it like the medians
+        shares = [{"medians": {k: {row["stage"]: row["share"] for row in v} for k, v in r["profile"].items()}}
+                  for r in profiled]  # fmt: skip
+        stages = list(dict.fromkeys(stage for r in shares for case in r["medians"].values() for stage in case))
+        prof = [
+            [case, *(cell(shares, (case, stage), "{:.0f}%", 100) for stage in stages),
+             cell(profiled, (case, "accounting_on_off"), "{:+.1f}%", 100),
+             cell(profiled, (case, "accounting_own"), "{:.2f}%", 100), _records.runs(profiled)]
+            for case in CASES
+        ]  # fmt: skip
+        header = ["profile (share of wall time)", *stages, "accounting on/off", "its operations", "run (UTC)"]
+        out.append(_records.rst_table(header, prof))
+    return "\n\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=16_000, help="env steps per collection measurement")
     parser.add_argument("--add-ops", type=int, default=20_000, help="adds per replay measurement")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--chunk", type=int, default=8, help="also measure the source in chunks of this many steps")
+    _records.add_options(parser, "collection")
     args = parser.parse_args()
+    if args.table:
+        print(table(_records.select(args)))
+        return
+    run = _records.Run("collection", args, args.results)
     torch.set_num_threads(1)
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
-    profiles = {}
-    for num_envs, goal in ((8, 0.95), (1, 0.9)):
+    profiles, medians, repeats = {}, {}, {}
+    for case, (num_envs, balancing, goal) in CASES.items():
         # fewer env steps with one env: the same number of vector steps would take 8x as long
         vector_steps = args.steps // num_envs if num_envs > 1 else args.steps // 4
-        for balancing, label in ((True, "balancing MLP, long episodes"), (False, "fresh MLP, ~10-step episodes")):
-            raw_loop(num_envs, 200, balancing), pipeline(num_envs, 200, balancing)  # warm up both paths
-            raw, ours, off, chunked = [], [], [], []
-            for _ in range(args.repeats):  # interleaved, so drifts of the machine hit both alike
-                raw.append(raw_loop(num_envs, vector_steps, balancing))
-                rate, table, calls = pipeline(num_envs, vector_steps, balancing)
-                ours.append(rate)
-                off.append(pipeline(num_envs, vector_steps, balancing, profiled=False)[0])
-                chunked.append(pipeline(num_envs, vector_steps, balancing, chunk=args.chunk)[0])
-            profiles[(num_envs, label)] = (table, calls)
-            print(f"{num_envs} env(s), {label}:")
-            print(f"  raw env+policy loop  : {np.median(raw):9.0f} env steps/s (median of {args.repeats})")
-            print(f"  source + n-step(3)   : {np.median(ours):9.0f} env steps/s")
-            print(f"  ratio (goal >= {goal}): {median_ratio(ours, raw):.3f} median of interleaved pairs")
-            print(f"  in chunks of {args.chunk:<3d}     : {median_ratio(chunked, raw):.3f} of the raw loop")
-            cost = 1 - median_ratio(ours, off)
-            bound = accounting_us() / (1e6 * num_envs / np.median(ours))
-            print(
-                f"  accounting cost      : {100 * cost:+.2f}% profile on vs off (noisy), "
-                f"{100 * bound:.2f}% its own operations per vector step (goal < 2%)"
-            )
+        raw_loop(num_envs, 200, balancing), pipeline(num_envs, 200, balancing)  # warm up both paths
+        raw, ours, off, chunked = [], [], [], []
+        for _ in range(args.repeats):  # interleaved, so drifts of the machine hit both alike
+            raw.append(raw_loop(num_envs, vector_steps, balancing))
+            rate, table_, calls = pipeline(num_envs, vector_steps, balancing)
+            ours.append(rate)
+            off.append(pipeline(num_envs, vector_steps, balancing, profiled=False)[0])
+            chunked.append(pipeline(num_envs, vector_steps, balancing, chunk=args.chunk)[0])
+        profiles[case] = (table_, calls)
+        print(f"{case}:")
+        print(f"  raw env+policy loop  : {np.median(raw):9.0f} env steps/s (median of {args.repeats})")
+        print(f"  source + n-step(3)   : {np.median(ours):9.0f} env steps/s")
+        print(f"  ratio (goal >= {goal}): {median_ratio(ours, raw):.3f} median of interleaved pairs")
+        print(f"  in chunks of {args.chunk:<3d}     : {median_ratio(chunked, raw):.3f} of the raw loop")
+        cost = 1 - median_ratio(ours, off)
+        bound = accounting_us() / (1e6 * num_envs / np.median(ours))
+        print(
+            f"  accounting cost      : {100 * cost:+.2f}% profile on vs off (noisy), "
+            f"{100 * bound:.2f}% its own operations per vector step (goal < 2%)"
+        )
+        medians[case] = {
+            "raw": np.median(raw), "pipeline": np.median(ours), "ratio": median_ratio(ours, raw),
+            "chunked_ratio": median_ratio(chunked, raw), "accounting_on_off": cost, "accounting_own": bound,
+        }  # fmt: skip
+        repeats[case] = {"raw": raw, "pipeline": ours, "profile_off": off, "chunked": chunked}
     bare, ours = [], []
     for _ in range(args.repeats):
         b, o = add_rates(args.add_ops)
@@ -179,11 +237,21 @@ def main() -> None:
         f"ReplayBuffer.add, 8 rows: bare {np.median(bare):9.0f}/s  ptl_rl {np.median(ours):9.0f}/s  "
         f"ratio {median_ratio(ours, bare):.3f} (goal >= 0.9)"
     )
-    for (num_envs, label), (table, calls) in profiles.items():
-        print(f"\nprofile of the last repeat, {num_envs} env(s), {label}, us per vector step (wall time):")
-        for row in table.rows:
+    medians["add"] = {
+        "bare": float(np.median(bare)),
+        "ptl_rl": float(np.median(ours)),
+        "ratio": median_ratio(ours, bare),
+    }
+    repeats["add"] = {"bare": bare, "ptl_rl": ours}
+    profile = {}
+    for case, (table_, calls) in profiles.items():
+        print(f"\nprofile of the last repeat, {case}, us per vector step (wall time):")
+        profile[case] = []
+        for row in table_.rows:
             print(f"  {row.stage:22s} {1e6 * row.own_s / calls:8.2f} us  {100 * row.share:5.1f}%")
+            profile[case].append({"stage": row.stage, "us": 1e6 * row.own_s / calls, "share": row.share})
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    run.save(medians, repeats, profile=profile)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """End to end: ptl_rl's examples against CleanRL's hand-written loops, same recipe, CPU per env step.
 
     python benchmarks/e2e.py --cleanrl /path/to/cleanrl [--repeats 3] [--workloads dqn dqn-4 dqn-8 ppo]
+    python benchmarks/e2e.py --table      # the README's table, from benchmarks/results/e2e.json
 
 A user who moves from a hand-written loop to ptl_rl should not pay for it. Each
 workload runs CleanRL's single file (``dqn.py``, ``ppo.py``, read from the
@@ -28,8 +29,12 @@ span is all training (DQN learns from 10k). Both sides run torch on one thread
 and log as they do by default (CleanRL: TensorBoard; ptl_rl: TensorBoard when
 installed, CSV otherwise); ptl_rl's periodic evaluation is off (CleanRL has
 none). Repeats interleave the two sides; the ratio is CleanRL's cost over
-ptl_rl's, so above 1 means ptl_rl is faster; the median over repeats is printed
-with the machine's load.
+ptl_rl's in the same repeat, so above 1 means ptl_rl is faster. Printed and
+recorded: the median cost of each side and the median of the per-repeat
+ratios (which need not equal the quotient of the two medians), with every
+repeat. Each run appends a record (date, commit, load, machine, CleanRL's
+commit, arguments, medians, repeats: ``_records.py``) to
+``benchmarks/results/e2e.json``.
 """
 
 from __future__ import annotations
@@ -38,10 +43,12 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import _records
 import cleanrl_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,6 +76,14 @@ WORKLOADS = {
     "dqn-8": ("dqn.py", "dqn", 8, []),
     "dqn-8-k10": ("dqn.py", "dqn", 8, GROUPED),
     "ppo": ("ppo.py", "ppo", 4, []),
+}
+LABELS = {  # the README's name of each workload
+    "dqn": "DQN, 1 env (``dqn.py`` recipe)",
+    "dqn-k10": "the same, ``--batches-per-step 10``",
+    "dqn-4": "DQN, 4 envs",
+    "dqn-8": "DQN, 8 envs",
+    "dqn-8-k10": "DQN, 8 envs, ``--batches-per-step 10``",
+    "ppo": "PPO, 4 envs (``ppo.py`` recipe)",
 }
 
 
@@ -105,21 +120,48 @@ def cost_us(side: str, workload: str, args: argparse.Namespace, seed: int, scrat
     return (long - short) / (args.long - args.short) * 1e6
 
 
+def table(records: list[dict]) -> str:
+    """The README's table: per workload, CPU us per env step of both sides and the ratio, from the records."""
+    rows = []
+    for w, label in LABELS.items():
+        held = _records.having(records, w)
+        if not held:
+            continue
+        every_ratio = [x for r in held for x in r["repeats"][w]["ratio"]]
+        rows.append([
+            label,
+            _records.column(held, _records.get(w, "cleanrl_us"), "{:.0f}") + " us",
+            _records.column(held, _records.get(w, "ptl_rl_us"), "{:.0f}") + " us",
+            f"{_records.column(held, _records.get(w, 'ratio'), '{:.2f}')} ({_records.span(every_ratio)})",
+            _records.runs(held),
+        ])  # fmt: skip
+    header = ["workload (CartPole-v1)", "CleanRL", "ptl_rl", "ratio (repeats)", "run (UTC)"]
+    return _records.rst_table(header, rows)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_cleanrl":  # the child process of a CleanRL run
         cleanrl_files.run_inline(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cleanrl", required=True, help="path of a CleanRL checkout (its cleanrl/ and cleanrl_utils/)")
-    p.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=["dqn", "dqn-k10", "dqn-8", "ppo"])
+    p.add_argument("--cleanrl", help="path of a CleanRL checkout (its cleanrl/ and cleanrl_utils/)")
+    p.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--short", type=int, default=15_000, help="env steps of the short run")
     p.add_argument("--long", type=int, default=45_000, help="env steps of the long run")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--keep", default=None, help="keep the logs and run directories here")
+    _records.add_options(p, "e2e")
     args = p.parse_args()
-    if not (Path(args.cleanrl) / "cleanrl" / "dqn.py").exists():
+    if args.table:
+        print(table(_records.select(args)))
+        return
+    if not args.cleanrl or not (Path(args.cleanrl) / "cleanrl" / "dqn.py").exists():
         raise SystemExit(f"--cleanrl {args.cleanrl}: no cleanrl/dqn.py there; pass the path of a CleanRL checkout")
+    run = _records.Run("e2e", args, args.results, peers=["tensorboard"])
+    cleanrl_commit = subprocess.run(
+        ["git", "-C", args.cleanrl, "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
     costs: dict[tuple[str, str], list[float]] = {}
     loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,12 +181,19 @@ def main() -> None:
     print(f"\nCPU us per env step, median of {args.repeats} (runs of {args.short} and {args.long} steps), "
           f"load {min(loads):.1f}-{max(loads):.1f}")  # fmt: skip
     print(f"{'workload':10} {'CleanRL':>10} {'ptl_rl':>10} {'ratio':>8}  (CleanRL / ptl_rl: > 1 is ptl_rl faster)")
+    medians, repeats = {}, {}
     for w in args.workloads:
         reference = costs[("cleanrl", WORKLOADS[w][0])]
         ours = costs[("ptl_rl", w)]
         ratios = [r / o for r, o in zip(reference, ours, strict=True)]
         print(f"{w:10} {statistics.median(reference):10.0f} {statistics.median(ours):10.0f} "
               f"{statistics.median(ratios):8.2f}  (repeats: {', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
+        medians[w] = {
+            "cleanrl_us": statistics.median(reference), "ptl_rl_us": statistics.median(ours),
+            "ratio": statistics.median(ratios),
+        }  # fmt: skip
+        repeats[w] = {"cleanrl_us": reference, "ptl_rl_us": ours, "ratio": ratios}
+    run.save(medians, repeats, cleanrl_commit=cleanrl_commit or None)
 
 
 if __name__ == "__main__":

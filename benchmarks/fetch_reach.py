@@ -15,7 +15,9 @@ MuJoCo 4's enums no longer equal. The records were made in a venv with
 ``mujoco==3.3.7``. The score is the final greedy evaluation (100 fresh
 episodes): the mean return (-1 per step off the goal, 50 steps) and the share
 of episodes that end on the goal. Records go to
-``benchmarks/results/fetch_reach.json`` with the commit and load.
+``benchmarks/results/fetch_reach.json`` with the commit and load, and since
+issue #33 the date and the machine (``_records.py``; older records are shown
+as ``undated``).
 
 SB3-zoo's benchmark table has FetchReach with TQC + HER (the same recipe):
 -1.659 +- 0.873 after 20k steps, one run; with SAC + HER on PandaReach
@@ -33,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from her_bitflip import commit
+import _records
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "fetch_reach.json"
@@ -42,7 +44,7 @@ SB3_ZOO = "SB3-zoo (TQC + HER, 20k steps, 1 run): return -1.659 +- 0.873"
 
 
 def load() -> list[dict]:
-    return json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+    return _records.load(RESULTS)
 
 
 def run(python: str, seed: int, her: bool, env_steps: int) -> dict:
@@ -51,7 +53,7 @@ def run(python: str, seed: int, her: bool, env_steps: int) -> dict:
         argv = [python, "-m", "ptl_rl.examples.sac", "--env-id", ENV_ID, "--seed", str(seed), "--runs-dir", runs]
         argv += ["--env-steps", str(env_steps), "--no-progress-bar", "--her" if her else "--no-her"]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        start = time.time()
+        start, date = time.time(), _records.utc_now()
         subprocess.run(argv, check=True, env=env, capture_output=True, text=True)
         summary = json.loads(next(Path(runs).glob("*/summary.json")).read_text())
     return {
@@ -61,13 +63,36 @@ def run(python: str, seed: int, her: bool, env_steps: int) -> dict:
         "final_eval_return": summary["final_eval_return"],
         "success_rate": summary["success_rate"],
         "wall_s": round(time.time() - start, 1),
-        "commit": commit(),
+        "commit": _records.commit(),
         "load_average": os.getloadavg()[0],
+        "date": date,
+        "machine": machine_of(python),
     }
 
 
+VERSIONS = """
+import json, platform
+from importlib import metadata
+def version(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+names = ("numpy", "torch", "mujoco", "gymnasium-robotics")
+print(json.dumps({"python": platform.python_version(), **{name: version(name) for name in names}}))
+"""
+
+
+def machine_of(python: str) -> dict:
+    """The machine's facts, with the versions of the interpreter that ran the example (``--python``)."""
+    done = subprocess.run([python, "-c", VERSIONS], capture_output=True, text=True, check=True)
+    return {**_records.machine(), **json.loads(done.stdout)}
+
+
 def table(records: list[dict]) -> str:
-    lines = [f"{'arm':<10} {'seeds':<8} {'return per seed':<26} {'success per seed':<20} mean return  mean success"]
+    lines = [
+        f"{'arm':<10} {'seeds':<8} {'return per seed':<26} {'success per seed':<20} mean return  mean success  runs"
+    ]
     for her in (True, False):
         runs = sorted((r for r in records if r["her"] == her), key=lambda r: r["seed"])
         if not runs:
@@ -77,7 +102,7 @@ def table(records: list[dict]) -> str:
         lines.append(
             f"{'SAC + HER' if her else 'SAC':<10} {','.join(str(r['seed']) for r in runs):<8} "
             f"{' '.join(f'{x:.2f}' for x in returns):<26} {' '.join(f'{x:.2f}' for x in rates):<20} "
-            f"{sum(returns) / len(returns):11.2f}  {sum(rates) / len(rates):12.2f}"
+            f"{sum(returns) / len(returns):11.2f}  {sum(rates) / len(rates):12.2f}  {_records.runs(runs)}"
         )
     return "\n".join([*lines, SB3_ZOO])
 
@@ -93,13 +118,14 @@ def main() -> None:
     if not args.table:
         for seed in args.seeds:
             for arm in args.arms:
-                done = [r for r in load() if (r["seed"], r["her"], r["commit"]) == (seed, arm == "her", commit())]
+                here = (seed, arm == "her", _records.commit())
+                done = [r for r in load() if (r["seed"], r["her"], r["commit"]) == here]
                 if done:
                     continue
                 record = run(args.python, seed, arm == "her", args.env_steps)
                 print(f"{arm:<5} seed {seed}: return {record['final_eval_return']:.2f}, "
                       f"success {record['success_rate']:.2f} ({record['wall_s']:.0f} s)", flush=True)  # fmt: skip
-                RESULTS.write_text(json.dumps([*load(), record], indent=1) + "\n")
+                _records.append(RESULTS, record)
     print(table(load()))
 
 

@@ -11,19 +11,21 @@ bit-flip envs, a ``HERReplayBuffer`` (``strategy="future"``,
 same episodes are drawn and none is relabeled), one DQN gradient step per 4
 env steps, torch on one thread. The score is the share of 200 greedy
 episodes on fresh envs that reach their goal. Each run appends one record to
-``benchmarks/results/her_bitflip.json`` (with the commit and the load
-average); runs already recorded for the same commit are skipped.
+``benchmarks/results/her_bitflip.json`` (with the commit, the load average,
+and since issue #33 the date and the machine: ``_records.py``); runs already
+recorded for the same commit are skipped. The table's last column names the
+runs' dates (``undated`` for records from before dates).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+import _records
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's ptl_rl
@@ -31,15 +33,8 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))  # the bit-flip env and the 
 RESULTS = ROOT / "benchmarks" / "results" / "her_bitflip.json"
 
 
-def commit() -> str:
-    """The checkout's short commit, with ``-dirty`` when tracked files have changes not committed."""
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=ROOT, capture_output=True, text=True)
-    return (out.stdout.strip() or "unknown") + ("-dirty" if dirty.stdout.strip() else "")
-
-
 def load() -> list[dict]:
-    return json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+    return _records.load(RESULTS)
 
 
 def table(records: list[dict]) -> str:
@@ -48,14 +43,17 @@ def table(records: list[dict]) -> str:
     for r in records:
         c = r["config"]
         groups.setdefault((c["n_bits"], c["env_steps"], "DQN + HER" if c["her"] else "DQN"), []).append(r)
-    lines = [f"{'bits':>4}  {'env steps':>9}  {'arm':<9}  {'seeds':<11}  {'success per seed':<32}  mean   cpu s/run"]
+    lines = [
+        f"{'bits':>4}  {'env steps':>9}  {'arm':<9}  {'seeds':<11}  {'success per seed':<32}  mean   cpu s/run  runs"
+    ]
     for (bits, steps, arm), runs in sorted(groups.items()):
         runs = sorted(runs, key=lambda r: r["config"]["seed"])
         seeds = ",".join(str(r["config"]["seed"]) for r in runs)
         rates = " ".join(f"{r['success_rate']:.2f}" for r in runs)
         mean = sum(r["success_rate"] for r in runs) / len(runs)
         cpu = sum(r["cpu_s"] for r in runs) / len(runs)
-        lines.append(f"{bits:>4}  {steps:>9,}  {arm:<9}  {seeds:<11}  {rates:<32}  {mean:.2f}   {cpu:.0f}")
+        row = f"{bits:>4}  {steps:>9,}  {arm:<9}  {seeds:<11}  {rates:<32}  {mean:.2f}   {cpu:<9.0f}  "
+        lines.append(row + _records.runs(runs))
     return "\n".join(lines)
 
 
@@ -122,20 +120,20 @@ def main() -> None:
     from her_bitflip import Config, train  # noqa: PLC0415
 
     torch.set_num_threads(1)
-    here = commit()
+    here = _records.commit()
     for seed in args.seeds:
         for arm in args.arms:  # interleaved: the machine's load drifts, and both arms see the same drift
             config = Config(n_bits=args.n_bits, env_steps=args.env_steps, seed=seed, her=arm == "her")
             done = [r for r in load() if r["commit"] == here and r["config"] == vars(config)]
             if done:
                 continue
+            date = _records.utc_now()
             result = train(config)
-            result.update(commit=here, load_average=os.getloadavg()[0])
+            result.update(commit=here, load_average=os.getloadavg()[0], date=date, machine=_records.machine())
             print(
                 f"{arm:<5} seed {seed}: success {result['success_rate']:.2f} ({result['cpu_s']:.0f} s CPU)", flush=True
             )
-            RESULTS.parent.mkdir(parents=True, exist_ok=True)
-            RESULTS.write_text(json.dumps([*load(), result], indent=1) + "\n")
+            _records.append(RESULTS, result)
     print(table(load()))
 
 

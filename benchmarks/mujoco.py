@@ -14,7 +14,15 @@ The record of a run: ``algo``, ``env_id``, ``seed``, ``env_steps``,
 ``final_return`` (mean of the last 10 training episodes), ``greedy_return``
 (10 fresh greedy episodes; CleanRL's files have none: ``null``), ``cpu_s``,
 ``cpu_us_per_env_step``, ``lib`` (``ptl_rl`` or ``cleanrl``),
-``ptl_rl_commit``, plus the machine load and the run directory.
+``ptl_rl_commit`` (``-dirty`` when ``ptl_rl/`` differed from it), the machine
+load at start and end and the run directory; since issue #33 also ``date``
+(UTC, ISO 8601, when the run started) and ``machine`` (cores, CPU model,
+Python, numpy, torch, ptl_rl versions: ``_records.py``). Older records have
+neither: the table counts them as ``undated``.
+
+``--table`` prints the README's table from the records: a cell with several
+seeds gives their mean +- the sample standard deviation (``statistics.stdev``),
+one run its value alone.
 
 CleanRL's files are read from the checkout given with ``--cleanrl`` and patched
 in memory for gymnasium 1.x, never copied here: ``cleanrl_files.py`` lists the
@@ -24,17 +32,16 @@ patches.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import glob
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import _records
 import cleanrl_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,12 +60,6 @@ CLEANRL_FILES = {"ppo": "ppo_continuous_action.py", "sac": "sac_continuous_actio
 def run_cleanrl_inline(path: str, algo: str, env_id: str, seed: int, env_steps: int) -> None:
     """In this (child) process: execute the patched CleanRL file as ``__main__``."""
     cleanrl_files.run_inline(path, CLEANRL_FILES[algo], {"env_id": env_id, "seed": seed, "total_timesteps": env_steps})
-
-
-def _commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "ptl_rl"], cwd=REPO, capture_output=True, text=True)
-    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def run_ptl_rl(algo: str, env_id: str, seed: int, env_steps: int, runs_dir: Path, extra: list[str]) -> dict[str, Any]:
@@ -116,18 +117,7 @@ def cleanrl_run_directory(log: Path, run_dir: Path, algo: str, env_id: str, seed
 
 
 def load_results() -> list[dict[str, Any]]:
-    return json.loads(RESULTS.read_text()) if RESULTS.exists() else []
-
-
-def save_result(record: dict[str, Any]) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    # two benchmark processes (say the ptl_rl and the CleanRL arm, one per core) may finish at once
-    with open(RESULTS.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        results = load_results() + [record]
-        tmp = RESULTS.with_suffix(".tmp")
-        tmp.write_text(json.dumps(results, indent=1) + "\n")
-        tmp.replace(RESULTS)  # never a half-written file, whenever this process is killed
+    return _records.load(RESULTS)
 
 
 def _done(lib: str, algo: str, env_id: str, seed: int, env_steps: int) -> bool:
@@ -181,45 +171,38 @@ def cpu_side_by_side(rows: list[dict[str, Any]]) -> str:
 
 
 def rst_table() -> str:
-    """The README's results table: per algo, env and budget, ptl_rl's seeds and CleanRL here and published."""
+    """The README's results table: per algo, env and budget, ptl_rl's seeds and CleanRL here and published.
 
-    def fmt(values: list[float]) -> str:
-        if not values:
-            return "-"
-        mean = sum(values) / len(values)
-        spread = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
-        return f"{mean:.0f} +- {spread:.0f} (n={len(values)})" if len(values) > 1 else f"{mean:.0f} (n=1)"
-
+    A cell with several runs gives mean +- sample SD (``statistics.stdev``) and n; one run, its value alone.
+    """
     results = load_results()
     lines = [
         ".. list-table::",
         "   :header-rows: 1",
         "",
         "   * - algo, env, env steps",
-        "     - ptl_rl: last 10 training episodes",
+        "     - ptl_rl: last 10 training episodes, mean +- sample SD",
         "     - ptl_rl: 10 greedy episodes",
         "     - CleanRL here (last 10)",
         "     - CleanRL published",
         "     - CPU per env step: ptl_rl / CleanRL",
+        "     - runs (UTC)",
     ]
     for algo, env_id, steps in sorted({(r["algo"], r["env_id"], r["env_steps"]) for r in results}):
+        rows = [r for r in results if (r["algo"], r["env_id"], r["env_steps"]) == (algo, env_id, steps)]
 
-        def pick(lib: str, key: str, a: str = algo, e: str = env_id, n: int = steps) -> list[float]:
-            run = (lib, a, e, n)
-            rows = [r for r in results if (r["lib"], r["algo"], r["env_id"], r["env_steps"]) == run]
-            return [r[key] for r in rows if r[key] is not None]
+        def pick(lib: str, key: str, rows: list[dict[str, Any]] = rows) -> list[float]:
+            return [r[key] for r in rows if r["lib"] == lib and r[key] is not None]
 
         published = PUBLISHED.get((algo, env_id.split("-")[0])) if steps == 1_000_000 else None
-        ratio = cpu_side_by_side(
-            [r for r in results if (r["algo"], r["env_id"], r["env_steps"]) == (algo, env_id, steps)]
-        )
         lines += [
             f"   * - {algo.upper()}, {env_id}, {steps:,}",
-            f"     - {fmt(pick('ptl_rl', 'final_return'))}",
-            f"     - {fmt(pick('ptl_rl', 'greedy_return'))}",
-            f"     - {fmt(pick('cleanrl', 'final_return'))}",
+            f"     - {_records.mean_sd(pick('ptl_rl', 'final_return'))}",
+            f"     - {_records.mean_sd(pick('ptl_rl', 'greedy_return'))}",
+            f"     - {_records.mean_sd(pick('cleanrl', 'final_return'))}",
             f"     - {f'{published[0]:.0f} +- {published[1]:.0f} (v4)' if published else '-'}",
-            f"     - {ratio}",
+            f"     - {cpu_side_by_side(rows)}",
+            f"     - {_records.runs(rows)}",
         ]
     return "\n".join(lines)
 
@@ -249,8 +232,6 @@ def main() -> None:
     args = p.parse_args()
     RESULTS = Path(args.results)
     if args.table:
-        print(table())
-        print()
         print(rst_table())
         return
     runs_dir = Path(args.runs_dir)
@@ -265,7 +246,7 @@ def main() -> None:
         if _done(lib, args.algo, env_id, seed, args.env_steps):
             print(f"skip {lib} {args.algo} {env_id} seed {seed}: already in {RESULTS.name}", flush=True)
             continue
-        load, commit = os.getloadavg()[0], _commit()  # the code the run starts with
+        load, commit, date = os.getloadavg()[0], _records.commit(("ptl_rl",)), _records.utc_now()  # at the start
         print(f"run {lib} {args.algo} {env_id} seed {seed}, {args.env_steps} steps (load {load:.2f})", flush=True)
         if lib == "ptl_rl":
             out = run_ptl_rl(args.algo, env_id, seed, args.env_steps, runs_dir, args.example_args)
@@ -277,8 +258,9 @@ def main() -> None:
             "cpu_s": round(out["cpu_s"], 1), "cpu_us_per_env_step": round(out["cpu_s"] / args.env_steps * 1e6, 1),
             "lib": lib, "ptl_rl_commit": commit, "wall_s": round(out["wall_s"], 1),
             "load_at_start": round(load, 2), "load_at_end": round(os.getloadavg()[0], 2), "run": out["run_dir"],
+            "date": date, "machine": _records.machine(),
         }  # fmt: skip
-        save_result(record)
+        _records.append(RESULTS, record)
         print(json.dumps(record), flush=True)
     print(table())
 

@@ -28,9 +28,17 @@ cpprb, Tianshou and SB3 are installed when the benchmark runs (``pip install
 --no-deps --target`` into ``--peers-dir``, so the project's environment is not
 changed; Tianshou's package ``__init__`` pulls a long list of dependencies, so
 only its buffer modules are imported); a peer that cannot be installed or
-imported is skipped.
+imported is skipped. With the peers installed in the running environment
+(say a venv of their own), pass ``--no-install --peers-dir`` that venv's
+``site-packages``.
+
+Each run appends a record (date, commit, load, machine with the peers'
+versions, arguments, medians, every round: ``_records.py``) to
+``benchmarks/results/pixels.json``; ``--only insert`` records the insert part
+alone. The Ptan figure is quoted, not measured: it is printed, never recorded.
 
     python benchmarks/pixels.py [--capacity 100000] [--repeats 7] [--no-install] [--only insert]
+    python benchmarks/pixels.py --table      # the README's tables, from the records
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import _records
 import numpy as np
 import torch
 
@@ -57,6 +66,7 @@ NUM_ENVS, STACK, SIDE, N_STEP, GAMMA, BATCH = 8, 4, 84, 3, 0.99, 256
 FRAME_BYTES = SIDE * SIDE
 NAIVE_OBS_BYTES = 2 * STACK * FRAME_BYTES  # obs + next_obs per transition
 PEERS = ("cpprb==11.0.0", "tianshou==2.0.1", "stable-baselines3==2.9.2")
+PEER_NAMES = tuple(peer.split("==")[0] for peer in PEERS)
 PTAN_QUOTED = 0.51  # the issue's side-by-side measurement of Ptan (ptan is not installed here)
 
 
@@ -375,6 +385,52 @@ def insert_rates(capacity: int, rounds: int, calls: int) -> dict[str, list[float
     return rates
 
 
+# ---------------------------------------------------------------------------- the README's tables
+INSERT_LABELS = {
+    "ptl_rl trusted": "``FrameStorage.add``, trusted (``check=False``)",
+    "buffer.add trusted": "``ReplayBuffer.add``, trusted",
+    "ptl_rl checked": "``FrameStorage.add``, checked (``check=True``)",
+    "bare_frames": "bare ring, 8 new frames from compact copies",
+    "bare_from_batch": "bare ring, 8 new frames read from the batch",
+    "naive_obs_next_obs": "naive ring, obs and next_obs in full",
+}
+
+
+def table(records: list[dict[str, Any]]) -> str:
+    """The README's tables: bytes per transition, sample(256) speed, insert speed, from the records."""
+    cell, runs, out = _records.cell, _records.runs, []
+    memory = []
+    for label in dict.fromkeys(k for r in records for k in r["medians"].get("memory", {})):
+        held = _records.having(records, "memory", label)
+        memory.append([label, cell(held, ("memory", label, "bytes"), "{:,.0f}"),
+                       cell(held, ("memory", label, "x_naive"), "{:.3f}"), runs(held)])  # fmt: skip
+    if memory:
+        slots = "/".join(sorted({f"{r['config']['capacity']:,}" for r in records if r["medians"].get("memory")}))
+        header = [f"{slots} transitions, [4, 84, 84] uint8", "B per transition", "x naive", "run (UTC)"]
+        out.append(_records.rst_table(header, memory))
+    sample = []
+    for name in dict.fromkeys(k for r in records for k in r["medians"].get("sample", {})):
+        held = _records.having(records, "sample", name)
+        over = "-" if name == "ptl_rl" else cell(held, ("sample", name, "ptl_rl_over"), "{:.2f}")
+        goal = {"cpprb": ">= 0.9", "tianshou": ">= 1.5"}.get(name, "-")
+        sample.append([name, cell(held, ("sample", name, "batches_per_s"), "{:,.0f}"), over, goal, runs(held)])
+    if sample:
+        header = ["sample 256 obs + next_obs to torch", "batches/s", "ptl_rl / it", "goal", "run (UTC)"]
+        out.append(_records.rst_table(header, sample))
+    insert = []
+    for name, label in INSERT_LABELS.items():
+        held = _records.having(records, "insert", name)
+        if held:
+            insert.append([label, cell(held, ("insert", name, "steps_per_s"), "{:,.0f}"),
+                           *(cell(held, ("insert", name, f"over_{k}"), "{:.2f}")
+                             for k in ("bare_frames", "bare_from_batch", "naive_obs_next_obs")),
+                           runs(held)])  # fmt: skip
+    if insert:
+        header = ["insert one vector step (8 envs)", "steps/s", "/ compact", "/ from batch", "/ naive", "run (UTC)"]
+        out.append(_records.rst_table(header, insert))
+    return "\n\n".join(out)
+
+
 # ---------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -385,13 +441,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--peers-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "ptl_rl_bench_peers"))
     p.add_argument("--no-install", action="store_true", help="use only peers already in --peers-dir")
     p.add_argument("--only", choices=["all", "insert"], default="all", help="insert: only the insert rates")
+    _records.add_options(p, "pixels")
     args = p.parse_args(argv)
+    if args.table:
+        print(table(_records.select(args)))
+        return
+    run = _records.Run("pixels", args, args.results, peers=PEER_NAMES if args.only == "all" else ())
+    medians: dict[str, Any] = {"compiled_insert": bool(COMPILED_INSERT)}
+    repeats: dict[str, Any] = {}
     torch.set_num_threads(1)
     print(f"ptl_rl {ptl_rl.__version__}, numpy {np.__version__}, torch {torch.__version__}")
     print(f"load average at start: {os.getloadavg()}")
     print(f"FrameStorage insert: {'compiled (_frame_insert)' if COMPILED_INSERT else 'pure Python'}")
     if args.only == "insert":
-        print_insert(args)
+        print_insert(args, medians, repeats)
+        run.save(medians, repeats)
         return
     if not args.no_install:
         install_peers(args.peers_dir)
@@ -434,6 +498,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         rows["SB3 ReplayBuffer (allocated)"] = sb3["sb3"]
         rows["SB3 optimize_memory_usage (allocated; no truncation handling)"] = sb3["sb3_optimized"]
+    medians["memory"] = {label: {"bytes": value, "x_naive": value / naive} for label, value in rows.items()}
     rows["Ptan (quoted from the issue, not measured)"] = PTAN_QUOTED * naive
     for label, value in rows.items():
         print(f"  {label:64s} {value:9.0f} B  {value / naive:6.3f}x naive")
@@ -448,6 +513,10 @@ def main(argv: list[str] | None = None) -> None:
         for name, impl in impls.items():
             rates[name].append(median_rate(impl.sample, args.sample_calls))
     med = {name: statistics.median(r) for name, r in rates.items()}
+    medians["sample"] = {
+        name: {"batches_per_s": value, "ptl_rl_over": med["ptl_rl"] / value} for name, value in med.items()
+    }
+    repeats["sample"] = rates
     print(f"\nsample({BATCH}) of stacked obs + next_obs -> torch, median of {args.repeats} rounds (CPU time):")
     for name, value in med.items():
         print(f"  {name:10s} {value:9.1f} batches/s")
@@ -458,13 +527,19 @@ def main(argv: list[str] | None = None) -> None:
         r = med["ptl_rl"] / med["tianshou"]
         print(f"  ptl_rl / tianshou = {r:.3f} (goal >= 1.5: {'met' if r >= 1.5 else 'NOT met'})")
 
-    print_insert(args)
+    print_insert(args, medians, repeats)
+    run.save(medians, repeats)
 
 
-def print_insert(args: argparse.Namespace) -> None:
+def print_insert(args: argparse.Namespace, medians: dict[str, Any], repeats: dict[str, Any]) -> None:
     """The insert part: vector steps/s of each insert and the ratios to the hand-written limits."""
     ins = insert_rates(args.capacity, args.repeats, args.insert_calls)
     im = {name: statistics.median(r) for name, r in ins.items()}
+    limits = ("bare_frames", "bare_from_batch", "naive_obs_next_obs")
+    medians["insert"] = {
+        name: {"steps_per_s": value, **{f"over_{k}": value / im[k] for k in limits}} for name, value in im.items()
+    }
+    repeats["insert"] = ins
     print(f"\ninsert of one vector step of {NUM_ENVS} envs (3-step transitions), median of {args.repeats} rounds:")
     for name, value in im.items():
         print(f"  {name:20s} {value:10.0f} steps/s")

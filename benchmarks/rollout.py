@@ -9,17 +9,23 @@ gathers, nothing trained). The raw loop writes into preallocated torch
 buffers and, like CleanRL, ignores truncation bootstrapping and next-step
 autoreset rows (less work than the stage does); the stage also tracks
 episodes, bootstraps truncations with an extra batched critic call, and
-returns TorchBatches. Prints transitions/s of each and their ratio (goal >= 0.9).
+returns TorchBatches. Prints transitions/s of each (CPU time of this process,
+median of the interleaved repeats) and the ratio of the medians (goal >= 0.9).
 Transitions are counted alike: under next-step autoreset the raw loop's reset
 steps are not transitions.
 
 Part 2, PPO. Wall time until the greedy policy of ``ptl_rl.examples.ppo``
 (defaults) first reaches a mean return of 475 on CartPole-v1, per seed; and
-the training throughput (env steps/s over a fixed budget, no evaluation) of
-the example (Lightning + pipeline) vs a plain PyTorch PPO loop with the same
-hyperparameters, networks and update count.
+the training throughput (env steps/s of wall time over a fixed budget, no
+evaluation, median of the repeats) of the example (Lightning + pipeline, its
+setup included) vs a plain PyTorch PPO loop with the same hyperparameters,
+networks and update count.
+
+Each run appends a record (date, commit, load, machine, arguments, medians,
+every repeat: ``_records.py``) to ``benchmarks/results/rollout.json``.
 
     python benchmarks/rollout.py [--steps 40000] [--repeats 5] [--ppo-seeds 1 2 3] [--ppo-steps 25600]
+    python benchmarks/rollout.py --table      # the README's tables, from the records
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import logging
 import time
 import warnings
 
+import _records
 import gymnasium as gym
 import numpy as np
 import torch
@@ -67,7 +74,7 @@ def raw_rollouts(num_envs: int, mode: str, rollouts: int, t: int, epochs: int, m
     done_buf = torch.zeros(t, num_envs)
     obs, _ = env.reset(seed=0)
     transitions, resetting = 0, np.zeros(num_envs, dtype=bool)
-    start = time.perf_counter()
+    start = time.process_time()
     for _ in range(rollouts):
         for step in range(t):
             obs_t = torch.as_tensor(obs)
@@ -98,7 +105,7 @@ def raw_rollouts(num_envs: int, mode: str, rollouts: int, t: int, epochs: int, m
             for rows in torch.randperm(t * num_envs).chunk(minibatches):
                 mb = [x[rows] for x in flat]
                 mb[3] = (mb[3] - mb[3].mean()) / (mb[3].std() + 1e-8)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     env.close()
     return transitions / elapsed
 
@@ -109,15 +116,15 @@ def stage_rollouts(num_envs: int, mode: str, rollouts: int, t: int, epochs: int,
     agent = ptl_rl.ActorCriticAgent(actor, critic, env.single_action_space, seed=0)
     source = ptl_rl.ExperienceSource(env, agent, gamma=0.99, seed=0)
     rollout = ptl_rl.RolloutBuffer(source, t, epochs=epochs, num_minibatches=minibatches, gae_lambda=0.95, seed=0)
-    start = time.perf_counter()
+    start = time.process_time()
     for _ in range(rollouts * rollout.batches_per_rollout):
         next(rollout)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     env.close()
     return source.total_steps / elapsed
 
 
-def bench_stage(args: argparse.Namespace) -> None:
+def bench_stage(args: argparse.Namespace, medians: dict, repeats: dict) -> None:
     t, n = args.steps_per_env, args.num_envs
     rollouts = max(1, args.steps // (t * n))
     for mode in ("NextStep", "SameStep"):
@@ -127,12 +134,13 @@ def bench_stage(args: argparse.Namespace) -> None:
         for _ in range(args.repeats):  # interleaved, so drifts of the machine hit both alike
             raw.append(raw_rollouts(n, mode, rollouts, t, args.epochs, args.minibatches))
             ours.append(stage_rollouts(n, mode, rollouts, t, args.epochs, args.minibatches))
-        best = f"best of {args.repeats}"
+        ratio = float(np.median(ours) / np.median(raw))
         print(f"[{mode} autoreset, {n} envs x {t} steps, {args.epochs} epochs x {args.minibatches} minibatches]")
-        print(f"  raw rollout loop      : {max(raw):9.0f} transitions/s ({best}, median {np.median(raw):.0f})")
-        print(f"  source + RolloutBuffer: {max(ours):9.0f} transitions/s ({best}, median {np.median(ours):.0f})")
-        ratio_median = np.median(ours) / np.median(raw)
-        print(f"  ratio (goal >= 0.9)   : {max(ours) / max(raw):.3f} best, {ratio_median:.3f} median")
+        print(f"  raw rollout loop      : {np.median(raw):9.0f} transitions/s (CPU time, median of {args.repeats})")
+        print(f"  source + RolloutBuffer: {np.median(ours):9.0f} transitions/s")
+        print(f"  ratio (goal >= 0.9)   : {ratio:.3f}")
+        medians[mode] = {"raw": float(np.median(raw)), "ptl_rl": float(np.median(ours)), "ratio": ratio}
+        repeats[mode] = {"raw": raw, "ptl_rl": ours}
 
 
 # ---------------------------------------------------------------------------- part 2: PPO
@@ -184,7 +192,7 @@ def raw_ppo(args: argparse.Namespace, env_steps: int) -> float:
                 v_loss = 0.5 * F.mse_loss(critic(flat_obs[rows]).squeeze(-1), flat_ret[rows])
                 optimizer.zero_grad()
                 (pg_loss + a.vf_coef * v_loss).backward()
-                nn.utils.clip_grad_norm_(params, a.max_grad_norm)
+                nn.utils.clip_grad_norm_(params, a.grad_clip)
                 optimizer.step()
     elapsed = time.perf_counter() - start
     env.close()
@@ -195,20 +203,57 @@ def example_ppo(seed: int, extra: list[str]) -> dict:
     return ppo.train(ppo.parse_args(["--seed", str(seed), "--no-progress-bar", "--final-eval-episodes", "10", *extra]))
 
 
-def bench_ppo(args: argparse.Namespace) -> None:
+def bench_ppo(args: argparse.Namespace, medians: dict, repeats: dict) -> None:
     print("[PPO on CartPole-v1, ptl_rl.examples.ppo defaults: time to a greedy mean return >= 475 (20 episodes)]")
+    medians["ppo_solved"] = {}
     for seed in args.ppo_seeds:
         r = example_ppo(seed, [])
         steps, seconds = r["solved_at_env_steps"], r["solved_after_s"]
         outcome = f"{steps} env steps, {seconds:.1f} s (evaluations included)" if steps else "not solved"
         print(f"  seed {seed}: {outcome}")
+        medians["ppo_solved"][str(seed)] = {"env_steps": steps, "wall_s": seconds}
     budget = ["--env-steps", str(args.ppo_steps), "--eval-every", "0", "--solved-return", "inf"]
-    ours = [r["env_steps"] / r["train_time_s"] for r in (example_ppo(0, budget) for _ in range(args.repeats))]
-    raw = [raw_ppo(args, args.ppo_steps) for _ in range(args.repeats)]
-    print(f"[PPO training throughput, {args.ppo_steps} env steps, no evaluation]")
-    print(f"  plain PyTorch PPO loop : {max(raw):8.0f} env steps/s (best of {args.repeats})")
-    print(f"  Lightning + ptl_rl     : {max(ours):8.0f} env steps/s (best of {args.repeats}, incl. setup)")
-    print(f"  ratio                  : {max(ours) / max(raw):.3f}")
+    ours, raw = [], []
+    for _ in range(args.repeats):  # interleaved, so drifts of the machine hit both alike
+        r = example_ppo(0, budget)
+        ours.append(r["env_steps"] / r["train_time_s"])
+        raw.append(raw_ppo(args, args.ppo_steps))
+    ratio = float(np.median(ours) / np.median(raw))
+    print(f"[PPO training throughput, {args.ppo_steps} env steps, no evaluation, wall time, median of {args.repeats}]")
+    print(f"  plain PyTorch PPO loop : {np.median(raw):8.0f} env steps/s")
+    print(f"  Lightning + ptl_rl     : {np.median(ours):8.0f} env steps/s (incl. setup)")
+    print(f"  ratio                  : {ratio:.3f}")
+    medians["ppo_throughput"] = {"raw": float(np.median(raw)), "ptl_rl": float(np.median(ours)), "ratio": ratio}
+    repeats["ppo_throughput"] = {"raw": raw, "ptl_rl": ours}
+
+
+def table(records: list[dict]) -> str:
+    """The README's tables: the rollout stage and PPO training against their raw loops; PPO's time to 475."""
+    cell, rows = _records.cell, []
+    labels = {
+        "NextStep": "rollout stage, next-step autoreset (CPU)",
+        "SameStep": "rollout stage, same-step autoreset (CPU)",
+        "ppo_throughput": "PPO training, Lightning + ptl_rl (wall)",
+    }
+    for key, label in labels.items():
+        held = _records.having(records, key)
+        if held:
+            raw, ours = cell(held, (key, "raw"), "{:,.0f}"), cell(held, (key, "ptl_rl"), "{:,.0f}")
+            goal = ">= 0.9" if key != "ppo_throughput" else "-"
+            rows.append([label, raw, ours, cell(held, (key, "ratio"), "{:.2f}"), goal, _records.runs(held)])
+    out = [_records.rst_table(["transitions/s", "raw loop", "ptl_rl", "ratio", "goal", "run (UTC)"], rows)]
+    solved = []
+    for seed in dict.fromkeys(seed for r in records for seed in r["medians"].get("ppo_solved", {})):
+        held = _records.having(records, "ppo_solved", seed)
+        steps = [s for r in held if (s := r["medians"]["ppo_solved"][seed]["env_steps"]) is not None]
+        unsolved = len(held) - len(steps)
+        reached = _records.span(steps, "{:,.0f}") + (f" ({unsolved} not solved)" if unsolved else "")
+        seconds = cell(held, ("ppo_solved", seed, "wall_s"), "{:.0f}")
+        solved.append([f"seed {seed}", reached if steps else "not solved", seconds, _records.runs(held)])
+    if solved:
+        header = ["PPO example, CartPole-v1", "env steps to 475", "wall s (evaluations included)", "run (UTC)"]
+        out.append(_records.rst_table(header, solved))
+    return "\n\n".join(out)
 
 
 def main() -> None:
@@ -222,13 +267,21 @@ def main() -> None:
     parser.add_argument("--ppo-seeds", type=int, nargs="*", default=[1, 2, 3])
     parser.add_argument("--ppo-steps", type=int, default=25_600, help="env-step budget of the PPO throughput runs")
     parser.add_argument("--skip-ppo", action="store_true")
+    _records.add_options(parser, "rollout")
     args = parser.parse_args()
+    if args.table:
+        print(table(_records.select(args)))
+        return
+    run = _records.Run("rollout", args, args.results)
     torch.set_num_threads(1)
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)  # keep the report readable
     warnings.filterwarnings("ignore", message=".*(LeafSpec|does not have many workers|IterableDataset).*")
-    bench_stage(args)
+    medians: dict = {}
+    repeats: dict = {}
+    bench_stage(args, medians, repeats)
     if not args.skip_ppo:
-        bench_ppo(args)
+        bench_ppo(args, medians, repeats)
+    run.save(medians, repeats)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,11 @@ the same EnvPool pool stepped in a bare loop with the same actions. The
 three run interleaved, several repeats, median.
 
 Wall times depend on the load of the machine: the script prints the load
-average next to every result. Timings live here, never in tests.
+average next to every result. Timings live here, never in tests. Each part
+appends a record (``benchmark``: ``scaleout dqn``, ``scaleout throughput``,
+...; date, commit, load, machine, arguments, medians, every repeat:
+``_records.py``) to ``benchmarks/results/scaleout.json``;
+``python benchmarks/scaleout.py --table`` prints the README's tables from them.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ from torch import nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # this checkout's ptl_rl, also in the collector processes (they inherit sys.path)
+
+import _records  # noqa: E402
 
 import ptl_rl  # noqa: E402
 from ptl_rl.distributed import AsyncSource, Collector, RayWorkers, WorkerInfo  # noqa: E402
@@ -171,7 +177,7 @@ def first_solved(snapshots: list[tuple[int, float, dict[str, torch.Tensor]]], se
     return None, None
 
 
-def bench_dqn(args: argparse.Namespace) -> None:
+def bench_dqn(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     # the forkserver imports torch once per learner process; pay it before timing (it is printed, not hidden)
     start = time.perf_counter()
     with AsyncSource(functools.partial(dqn_collector, seed=0)) as warm:
@@ -189,11 +195,12 @@ def bench_dqn(args: argparse.Namespace) -> None:
             rows.append((seed, use_async, result))
             shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
             print(f"seed {seed} {'async' if use_async else 'sync '}: {shown}  ({load()})", flush=True)
-    ratios = []
+    ratios, repeats = [], {}
     for seed in args.seeds:
         sync = next(r for s, a, r in rows if s == seed and not a)
         asy = next(r for s, a, r in rows if s == seed and a)
         ratios.append(sync["wall_s"] / asy["wall_s"])
+        repeats[str(seed)] = {"sync": sync, "async": asy, "ratio": ratios[-1]}
         print(
             f"seed {seed}: wall time of the {args.env_steps} env-step budget sync/async = {ratios[-1]:.2f}; "
             f"steps to {SOLVED:.0f}: sync {sync['solved_at']}, async {asy['solved_at']}"
@@ -205,6 +212,7 @@ def bench_dqn(args: argparse.Namespace) -> None:
         f"async {statistics.median(async_t):.2f} s; median of the per-seed ratios "
         f"{statistics.median(ratios):.2f} (goal >= 1.4)  ({load()})"
     )
+    medians: dict[str, Any] = {"ratio": statistics.median(ratios)}
     for use_async in (False, True):
         solved = [r["solved_at"] for _, a, r in rows if a == use_async]
         reached = [s for s in solved if s is not None]
@@ -213,6 +221,13 @@ def bench_dqn(args: argparse.Namespace) -> None:
             f"{'async' if use_async else 'sync '}: reached {SOLVED:.0f} in {len(reached)}/{len(solved)} seeds "
             f"within the budget; steps to {SOLVED:.0f} {solved} (median of those reached: {median})"
         )
+        medians["async" if use_async else "sync"] = {
+            "wall_s": statistics.median(sync_t if not use_async else async_t),
+            "reached": len(reached),
+            "seeds": len(solved),
+            "solved_at": median,
+        }
+    return medians, repeats
 
 
 # ---------------------------------------------------------------------------- throughput
@@ -261,7 +276,7 @@ def ray_init() -> Any:
     return ray
 
 
-def bench_throughput(args: argparse.Namespace) -> None:
+def bench_throughput(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     torch.set_num_threads(1)
     results = {}
     inproc = busy_collector(WorkerInfo(0, 0, 0, 1))
@@ -285,6 +300,8 @@ def bench_throughput(args: argparse.Namespace) -> None:
     for name, rate in results.items():
         print(f"{name:12s} {rate:8.0f} env steps/s  ({rate / base:.2f}x in-process)")
     print(f"(env: 4 sub-envs x 1 ms of CPU per step; {load()})")
+    medians = {name: {"steps_per_s": rate, "x_in_process": rate / base} for name, rate in results.items()}
+    return medians, {}  # one measurement of each
 
 
 # ---------------------------------------------------------------------------- ingest
@@ -332,7 +349,7 @@ def _ingest_rate(stage: Any, rows_per_message: int, atari: bool, seconds: float,
     return stored / (time.perf_counter() - start)
 
 
-def bench_ingest(args: argparse.Namespace) -> None:
+def bench_ingest(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     rows, per_message = 32, 8  # 256 rows per message (AsyncSource) or per call (Ray)
     rates: dict[tuple[str, bool], float] = {}
     for atari in (False, True):
@@ -358,6 +375,8 @@ def bench_ingest(args: argparse.Namespace) -> None:
                 rates[(f"RayWorkers x{args.actors}", atari)] = [rate]
         finally:
             ray.shutdown()
+    medians: dict[str, Any] = {"cartpole": {}, "atari": {}}
+    repeats: dict[str, Any] = {"cartpole": {}, "atari": {}}
     for atari in (False, True):
         kind = "Atari-sized (uint8 [4,84,84] obs+next_obs, 56 KB/row)" if atari else "CartPole-sized (float32 [4])"
         print(f"{kind}, {rows * per_message} rows per message, median of repeats  ({load()})")
@@ -366,16 +385,19 @@ def bench_ingest(args: argparse.Namespace) -> None:
             if is_atari != atari:
                 continue
             rate = statistics.median(values)
+            medians["atari" if atari else "cartpole"][name] = {"per_s": rate, "workers": rate / per_worker}
+            repeats["atari" if atari else "cartpole"][name] = values
             gbs = f" ({rate * 56_448 / 1e9:.2f} GB/s)" if atari else ""
             print(f"  {name:36s} learner ingest {rate:12,.0f} transitions/s{gbs}")
             print(
                 f"    saturates at ~{rate / per_worker:,.0f} workers of {per_worker:,} env steps/s; "
                 + ", ".join(f"{n:,} workers need {n * per_worker / rate:.1f}x this" for n in (100, 1000))
             )
+    return medians, repeats
 
 
 # ---------------------------------------------------------------------------- envpool
-def bench_envpool(args: argparse.Namespace) -> None:
+def bench_envpool(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     import envpool  # noqa: PLC0415
 
     from ptl_rl.envs.envpool import EnvPoolVectorEnv  # noqa: PLC0415
@@ -400,6 +422,8 @@ def bench_envpool(args: argparse.Namespace) -> None:
             obs, *_ = pool.step(agent(obs))
         return n * args.steps / (time.perf_counter() - start)
 
+    medians: dict[str, Any] = {}
+    repeats: dict[str, Any] = {}
     for n in (8, 64):
         gym_env = gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="sync")
         pool = EnvPoolVectorEnv("CartPole-v1", num_envs=n)
@@ -419,11 +443,19 @@ def bench_envpool(args: argparse.Namespace) -> None:
         )
         for env in (gym_env, pool, bare):
             env.close()
+        medians[str(n)] = {
+            **med,
+            "envpool_over_sync": med["EnvPool"] / med["gymnasium SyncVectorEnv"],
+            "source_over_bare": med["EnvPool"] / med["EnvPool bare loop"],
+        }
+        repeats[str(n)] = rates
+    return medians, repeats
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    _records.add_options(parser, "scaleout")
+    sub = parser.add_subparsers(dest="command")
     p = sub.add_parser("dqn")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--env-steps", type=int, default=30_000)
@@ -444,13 +476,85 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2_000, help="vector steps per measurement")
     sub.add_parser("all", help="the four measurements in one run, each with its defaults (ingest with --ray)")
     args = parser.parse_args()
+    if args.table:
+        print(table(_records.select(args)))
+        return
+    if args.command is None:
+        parser.error("name a measurement (dqn, throughput, ingest, envpool, all) or pass --table")
     commands = {"dqn": bench_dqn, "throughput": bench_throughput, "ingest": bench_ingest, "envpool": bench_envpool}
     if args.command != "all":
-        commands[args.command](args)
+        measure(args.command, commands[args.command], args)
         return
     for name, command in commands.items():
         print(f"\n==== {name} ({load()})", flush=True)
-        command(parser.parse_args([name, "--ray"] if name == "ingest" else [name]))
+        part = parser.parse_args([name, "--ray"] if name == "ingest" else [name])
+        part.results = args.results
+        measure(name, command, part)
+
+
+def measure(name: str, command: Any, args: argparse.Namespace) -> None:
+    """Run one part and append its record (``benchmark``: ``scaleout <name>``)."""
+    run = _records.Run(f"scaleout {name}", args, args.results, peers=["ray", "envpool"])
+    medians, repeats = command(args)
+    run.save(medians, repeats)
+
+
+def table(records: list[dict[str, Any]]) -> str:
+    """The README's tables, one per part, from the records of each part."""
+    cell, runs, out = _records.cell, _records.runs, []
+    dqn = [r for r in records if r["benchmark"] == "scaleout dqn"]
+    if dqn:
+        rows = []
+        for arm, label in (("sync", "in-process source"), ("async", "``AsyncSource``")):
+            reached = _records.span([r["medians"][arm]["reached"] for r in dqn], "{:.0f}")
+            seeds = _records.span([r["medians"][arm]["seeds"] for r in dqn], "{:.0f}")
+            ratio = "-" if arm == "sync" else cell(dqn, "ratio", "{:.2f}")
+            every = [r["repeats"][seed]["ratio"] for r in dqn for seed in r["repeats"]] if arm == "async" else []
+            rows.append([
+                label, cell(dqn, (arm, "wall_s"), "{:.1f}"), ratio + (f" ({_records.span(every)})" if every else ""),
+                f"{reached}/{seeds}", cell(dqn, (arm, "solved_at"), "{:,.0f}"), runs(dqn),
+            ])  # fmt: skip
+        steps = "/".join(sorted({f"{r['config']['env_steps']:,}" for r in dqn}))
+        header = [f"DQN, CartPole, {steps} env steps", "wall s", "speed-up (seeds)", "reached 475", "at env step",
+                  "run (UTC)"]  # fmt: skip
+        out.append(_records.rst_table(header, rows))
+    held = [r for r in records if r["benchmark"] == "scaleout throughput"]
+    if held:
+        rows = [
+            [
+                name,
+                cell(held, (name, "steps_per_s"), "{:,.0f}"),
+                cell(held, (name, "x_in_process"), "{:.2f}"),
+                runs(held),
+            ]
+            for name in dict.fromkeys(k for r in held for k in r["medians"])
+        ]
+        header = ["collection, 4 envs x 1 ms/step", "env steps/s", "x in-process", "run (UTC)"]
+        out.append(_records.rst_table(header, rows))
+    held = [r for r in records if r["benchmark"] == "scaleout ingest"]
+    if held:
+        rows = []
+        for kind, label in (("cartpole", "CartPole rows"), ("atari", "Atari rows")):
+            for name in dict.fromkeys(k for r in held for k in r["medians"][kind]):
+                mine = _records.having(held, kind, name)
+                per_s, workers = (
+                    cell(mine, (kind, name, "per_s"), "{:,.0f}"),
+                    cell(mine, (kind, name, "workers"), "{:,.0f}"),
+                )
+                rows.append([f"{label}, {name}", per_s, workers, runs(mine)])
+        header = ["learner ingest, 256 rows a message", "transitions/s", "saturated by workers", "run (UTC)"]
+        out.append(_records.rst_table(header, rows))
+    held = [r for r in records if r["benchmark"] == "scaleout envpool"]
+    if held:
+        rates = ("gymnasium SyncVectorEnv", "EnvPool", "EnvPool bare loop")
+        rows = []
+        for n in dict.fromkeys(k for r in held for k in r["medians"]):
+            ratios = [cell(held, (n, "envpool_over_sync"), "{:.2f}"), cell(held, (n, "source_over_bare"), "{:.2f}")]
+            rows.append([f"CartPole x{n}", *(cell(held, (n, k), "{:,.0f}") for k in rates), *ratios, runs(held)])
+        header = ["through ExperienceSource, env steps/s", "SyncVectorEnv", "EnvPool", "EnvPool bare loop",
+                  "EnvPool / Sync", "source / bare", "run (UTC)"]  # fmt: skip
+        out.append(_records.rst_table(header, rows))
+    return "\n\n".join(out)
 
 
 if __name__ == "__main__":

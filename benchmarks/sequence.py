@@ -8,16 +8,23 @@ the hand-written limit: a bare numpy gather of 32 contiguous windows of 80
 rows of one env's arrays (no episodes, no envs, no padding). The per-batch
 time should not grow with the buffer size: the ratio 1M / 100k is printed.
 Also reported: the cost of adding one vector step (8 rows) with its links.
+Times are the CPU time of this process per call, the median of ``--rounds``
+rounds of ``--calls`` calls. Each run appends a record (date, commit, load,
+machine, arguments, medians, every round: ``_records.py``) to
+``benchmarks/results/sequence.json``.
 
     python benchmarks/sequence.py [--batch 32] [--length 80] [--sizes 100000 1000000]
+    python benchmarks/sequence.py --table      # the README's table, from the records
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable
 
+import _records
 import numpy as np
 
 from ptl_rl import SequenceReplayBuffer, TransitionBatch
@@ -78,8 +85,11 @@ def bare_numpy_windows(size: int, batch: int, length: int) -> Callable[[], None]
     return sample
 
 
-def per_call(step: Callable[[], None], calls: int, rounds: int) -> tuple[float, float]:
-    """Wall and CPU seconds per call, each the best of ``rounds`` rounds (least disturbed by other processes)."""
+ROUNDS: dict[str, list[float]] = {}  # every round's CPU us per call, by measurement: the record's "repeats"
+
+
+def per_call(step: Callable[[], None], calls: int, rounds: int, key: str | None = None) -> tuple[float, float]:
+    """Wall and CPU seconds per call, each the median of ``rounds`` rounds; the CPU of each round kept under ``key``."""
     wall, cpu = [], []
     for _ in range(rounds):
         w, c = time.perf_counter(), time.process_time()
@@ -87,7 +97,9 @@ def per_call(step: Callable[[], None], calls: int, rounds: int) -> tuple[float, 
             step()
         wall.append((time.perf_counter() - w) / calls)
         cpu.append((time.process_time() - c) / calls)
-    return min(wall), min(cpu)
+    if key is not None:
+        ROUNDS[key] = [x * 1e6 for x in cpu]
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def components(buffer: SequenceReplayBuffer, batch: int, calls: int, rounds: int) -> tuple[float, float, float]:
@@ -102,6 +114,39 @@ def components(buffer: SequenceReplayBuffer, batch: int, calls: int, rounds: int
     return draw, hops, gather
 
 
+def short(size: int) -> str:
+    """100000 -> 100k, 1000000 -> 1M."""
+    return f"{size // 1_000_000}M" if size % 1_000_000 == 0 else f"{size // 1000}k" if size % 1000 == 0 else str(size)
+
+
+def table(records: list[dict]) -> str:
+    """The README's table: CPU us per batch at each size, the ratio to the bare gather, and 1M / 100k."""
+    cell, rows = _records.cell, []
+    sizes = sorted({int(size) for r in records for case in r["medians"]["sample"].values() for size in case})
+    for case in dict.fromkeys(case for r in records for case in r["medians"]["sample"]):
+        held = _records.having(records, "sample", case)
+        cells = []
+        for size in map(str, sizes):
+            us, times = cell(held, ("sample", case, size, "cpu_us"), "{:.0f}"), ""
+            if case != "bare numpy":
+                times = f" ({cell(held, ('sample', case, size, 'x_bare'), '{:.1f}')}x)"
+            cells.append(us + times)
+        growth = cell(held, ("growth", case), "{:.2f}") if len(sizes) > 1 else "-"
+        rows.append([case, *cells, growth, _records.runs(held)])
+    held = _records.having(records, "add_us")
+    if held:  # measured at the smallest size
+        add = cell(held, "add_us", "{:.0f}")
+        rows.append(["add one vector step (8 rows)", add, *(["-"] * len(sizes)), _records.runs(held)])
+    first = records[0]["config"] if records else {"batch": 32, "length": 80}
+    header = [
+        f"{first['batch']} windows of {first['length']} steps",
+        *(f"{size:,} stored: CPU us (x bare)" for size in sizes),
+        f"{short(sizes[-1])} / {short(sizes[0])}" if len(sizes) > 1 else "-",
+        "run (UTC)",
+    ]
+    return _records.rst_table(header, rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=32)
@@ -110,7 +155,12 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
+    _records.add_options(parser, "sequence")
     args = parser.parse_args()
+    if args.table:
+        print(table(_records.select(args)))
+        return
+    run = _records.Run("sequence", args, args.results)
 
     cases = [
         ("uniform", 0, False),
@@ -119,17 +169,22 @@ def main() -> None:
         (f"prioritized, burn-in {args.burn_in}", args.burn_in, True),
     ]
     results: dict[str, dict[int, float]] = {}
+    medians: dict[str, dict[str, dict[str, float]]] = {}
     parts: dict[int, tuple[float, float, float]] = {}
-    print(f"sequence sampling: B={args.batch}, L={args.length}, {NUM_ENVS} interleaved envs, best of {args.rounds}")
+    print(f"sequence sampling: B={args.batch}, L={args.length}, {NUM_ENVS} interleaved envs, median of {args.rounds}")
     print(f"{'case':<28}{'stored':>10}{'wall us':>10}{'cpu us':>10}{'x bare numpy':>14}")
     for size in args.sizes:
-        _, bare = per_call(bare_numpy_windows(size, args.batch, args.length), args.calls, args.rounds)
+        _, bare = per_call(
+            bare_numpy_windows(size, args.batch, args.length), args.calls, args.rounds, f"bare numpy {size}"
+        )
         results.setdefault("bare numpy", {})[size] = bare
+        medians.setdefault("bare numpy", {})[str(size)] = {"cpu_us": bare * 1e6, "x_bare": 1.0}
         print(f"{'bare numpy (limit)':<28}{size:>10,}{'':>10}{bare * 1e6:>10.1f}{1.0:>13.2f}x")
         for name, burn_in, prioritized in cases:
             buffer = filled(size, args.length, burn_in, prioritized)
-            wall, cpu = per_call(lambda b=buffer: b.sample(args.batch), args.calls, args.rounds)
+            wall, cpu = per_call(lambda b=buffer: b.sample(args.batch), args.calls, args.rounds, f"{name} {size}")
             results.setdefault(name, {})[size] = cpu
+            medians.setdefault(name, {})[str(size)] = {"cpu_us": cpu * 1e6, "wall_us": wall * 1e6, "x_bare": cpu / bare}
             print(f"{name:<28}{size:>10,}{wall * 1e6:>10.1f}{cpu * 1e6:>10.1f}{cpu / bare:>13.2f}x")
             if burn_in and not prioritized:
                 parts[size] = components(buffer, args.batch, args.calls, args.rounds)
@@ -148,8 +203,21 @@ def main() -> None:
     buffer = filled(min(args.sizes), args.length, 0, True)
     steps = [vector_env_steps(1, rng) for _ in range(2000)]
     it = iter(steps * 3)
-    wall, cpu = per_call(lambda: buffer.add(next(it)), 1000, 5)
+    wall, cpu = per_call(lambda: buffer.add(next(it)), 1000, 5, "add")
     print(f"add one vector step ({NUM_ENVS} rows, links and window starts included): {cpu * 1e6:.1f} us CPU")
+    growth = {}
+    if len(args.sizes) > 1:
+        growth = {name: by_size[max(args.sizes)] / by_size[min(args.sizes)] for name, by_size in results.items()}
+    run.save(
+        {
+            "sample": medians,
+            "growth": growth,
+            "parts_us": {str(size): dict(zip(("tree_draw", "link_hops", "gather"), (x * 1e6 for x in p), strict=True))
+                         for size, p in parts.items()},
+            "add_us": cpu * 1e6,
+        },
+        ROUNDS,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import configparser
+import json
 import re
-import statistics
 import subprocess
 import sys
 
@@ -190,20 +190,28 @@ def test_git_ignores_what_the_readme_commands_write() -> None:
         assert done.returncode == 0, f"{path} is not ignored by git"
 
 
-def test_the_prioritized_figures_are_what_the_benchmark_measures(tmp_path) -> None:
-    """Every peer the README compares against is one ``benchmarks/prioritized.py`` measures in the same run,
-    and each stated median is the median of the stated runs."""
-    text = " ".join(readme_text().split())
-    (bullet,) = re.findall(r"\* Prioritized sample\(256\) \+ update\(256\).*?(?= \* )", text)
-    peers = re.findall(r"([\d.]+)x (\w+)'s throughput \(runs: ([\d., ]+)\)|([\d.]+)x (\w+)'s \(([\d., ]+)\)", bullet)
-    assert len(peers) == 2, bullet
-    script = [sys.executable, str(ROOT / "benchmarks" / "prioritized.py"), "--size", "2000", "--rounds", "1"]
-    done = subprocess.run([*script, "--calls", "3"], capture_output=True, text=True, timeout=300, check=False)
+def test_every_benchmark_table_in_the_readme_is_a_scripts_table_of_the_committed_records() -> None:
+    """README's benchmark tables are the literal ``--table`` output of each script over its committed records."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "_records.py"), "--check"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_the_prioritized_benchmark_writes_a_dated_record_with_every_repeat(tmp_path) -> None:
+    """A short run of ``prioritized.py`` appends a record (date, commit, load, machine, medians, repeats) to the
+    file it is given, and its ``--table`` reads it back: the form every README figure comes from."""
+    results = tmp_path / "prioritized.json"
+    script = [sys.executable, str(ROOT / "benchmarks" / "prioritized.py"), "--results", str(results)]
+    done = subprocess.run(
+        [*script, "--size", "2000", "--rounds", "1", "--calls", "3"], capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    for match in peers:
-        median, peer, runs = match[:3] if match[0] else match[3:]
-        assert float(median) == statistics.median(float(run) for run in runs.split(",")), bullet
-        measured_or_skipped = f"ptl_rl throughput / {peer.lower()} throughput" in done.stdout or (
-            f"{peer.lower()} is not installed: skipping it" in done.stdout
-        )
-        assert measured_or_skipped, (peer, done.stdout)
+    (record,) = json.loads(results.read_text())
+    for key in ("date", "commit", "load", "machine", "config", "medians", "repeats"):
+        assert key in record, key
+    assert record["machine"]["cores"] >= 1 and record["load"]["before"] is not None
+    table = subprocess.run([*script, "--table"], capture_output=True, text=True, timeout=120, check=False)
+    assert table.returncode == 0 and record["date"][:10] in table.stdout, table.stdout
