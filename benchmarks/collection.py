@@ -93,7 +93,7 @@ def pipeline(num_envs: int, vector_steps: int, balancing: bool, profiled: bool =
     finally:
         ptl_rl.set_profiling(True)
     env.close()
-    return (source.total_steps - first) / elapsed, ptl_rl.profile(nstep), source._env_clock.calls
+    return (source.total_steps - first) / elapsed, ptl_rl.profile(nstep), source._env.clock.calls
 
 
 def add_rates(ops: int) -> tuple[float, float]:

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from ptl_rl.agents.deterministic import DeterministicActorAgent
     from ptl_rl.agents.distributions import ActionRescaler, action_head
     from ptl_rl.agents.dqn import DQNAgent, TargetNet
-    from ptl_rl.agents.recurrent import PerEnvState, RecurrentCore, RecurrentDQNAgent, RecurrentQNet
-    from ptl_rl.agents.recurrent_policy import RecurrentActorCritic, RecurrentActorCriticAgent, RecurrentActorCriticNet
+    from ptl_rl.agents.recurrent import PerEnvState, RecurrentCore, RecurrentDQNAgent
+    from ptl_rl.agents.recurrent_policy import RecurrentActorCritic, RecurrentActorCriticAgent
     from ptl_rl.agents.recurrent_targets import sequence_nstep_targets
     from ptl_rl.agents.selectors import ArgmaxSelector, EpsilonGreedySelector
     from ptl_rl.agents.stochastic import ActorCriticAgent, PolicyAgent, StochasticPolicyAgent
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ptl_rl.core.batch import BOLTS_FIELDS, CORE_FIELDS, TorchBatch, TransitionBatch
     from ptl_rl.core.chain import find_stage, load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
     from ptl_rl.core.profile import PipelineProfile, profile
+    from ptl_rl.core.protocols import RecurrentActorCriticNet, RecurrentQNet
     from ptl_rl.core.ranks import assign_rank, rank_seed
     from ptl_rl.core.schedules import LinearSchedule
     from ptl_rl.core.settings import set_profiling

@@ -54,6 +54,10 @@ def check_video_packages(video_format: str) -> None:
 def quiet_headless_sdl() -> None:
     """On Linux without a display, set ``SDL_VIDEODRIVER=dummy`` (unless set): pygame then renders off-screen quietly.
 
+    A program's choice, which ptl_rl never makes for it (the library does not write ``os.environ``): the
+    examples call it at start; call it (or set the variable) before rendering on a headless machine to
+    silence SDL's message.
+
     gymnasium's classic-control renderers start pygame's display even for
     ``rgb_array`` frames; with no display, SDL prints "error: XDG_RUNTIME_DIR
     is invalid or not set in the environment" at the first render. Where no

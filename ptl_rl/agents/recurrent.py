@@ -20,7 +20,7 @@ The learner's n-step targets inside such windows are
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,8 +32,9 @@ from ptl_rl.agents.dqn import SelectorHooks
 from ptl_rl.agents.selectors import EpsilonGreedySelector
 from ptl_rl.agents.tensors import DeviceOf, obs_to_tensor
 from ptl_rl.core._trees import to_numpy, tree_leaves
+from ptl_rl.core.protocols import RecurrentQNet
 
-__all__ = ["PerEnvState", "RecurrentCore", "RecurrentDQNAgent", "RecurrentQNet"]
+__all__ = ["PerEnvState", "RecurrentCore", "RecurrentDQNAgent"]
 
 _KINDS = ("lstm", "gru")
 
@@ -149,20 +150,6 @@ class RecurrentCore(nn.Module):
             cs.append(c)
         outputs = torch.stack(hs, dim=1)
         return outputs, torch.cat([outputs, torch.stack(cs, dim=1)], dim=2) if lstm else outputs
-
-
-@runtime_checkable
-class RecurrentQNet(Protocol):
-    """What :class:`RecurrentDQNAgent` needs of its network.
-
-    ``initial_state(n)`` gives the zero state float [n, S];
-    ``step(obs [n, ...], state [n, S])`` gives ``(q [n, A], new_state [n, S])``.
-    A module built around a :class:`RecurrentCore` has both in a few lines.
-    """
-
-    def initial_state(self, batch_size: int) -> torch.Tensor: ...
-
-    def step(self, obs: Any, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class PerEnvState:

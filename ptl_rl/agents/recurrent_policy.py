@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,29 +30,9 @@ from ptl_rl.agents.recurrent import PerEnvState
 from ptl_rl.agents.stochastic import StochasticPolicyAgent
 from ptl_rl.agents.tensors import is_tensor_tree, obs_to_tensor
 from ptl_rl.core._trees import to_numpy, tree_leaves, tree_map
+from ptl_rl.core.protocols import RecurrentActorCriticNet
 
-__all__ = ["RecurrentActorCritic", "RecurrentActorCriticAgent", "RecurrentActorCriticNet"]
-
-
-@runtime_checkable
-class RecurrentActorCriticNet(Protocol):
-    """What :class:`RecurrentActorCriticAgent` needs of its network (:class:`RecurrentActorCritic` has it).
-
-    * ``initial_state(n)``: the zero state float [n, S].
-    * ``step(obs [n, ...], state [n, S])`` -> ``(policy, value [n], new_state [n, S])``: one step.
-    * ``unroll(obs [B, T, ...], state [B, S], episode_start bool [B, T])`` -> ``(policy, value [B, T])``:
-      ``T`` steps from ``state``, the state zeroed before each position flagged in ``episode_start``; it must
-      equal ``step`` applied position by position.
-
-    ``policy`` is an :class:`~ptl_rl.agents.distributions.ActionDistribution` (an
-    :func:`~ptl_rl.action_head`'s output) or raw logits, over the leading dims.
-    """
-
-    def initial_state(self, batch_size: int) -> torch.Tensor: ...
-
-    def step(self, obs: Any, state: torch.Tensor) -> tuple[Any, torch.Tensor, torch.Tensor]: ...
-
-    def unroll(self, obs: Any, state: torch.Tensor, episode_start: torch.Tensor) -> tuple[Any, torch.Tensor]: ...
+__all__ = ["RecurrentActorCritic", "RecurrentActorCriticAgent"]
 
 
 def _merge_time(obs: Any) -> Any:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from ptl_rl.core.protocols import EpisodeCounter, ReplayStage, StageLike, Stateful
+from ptl_rl.core.protocols import ActingStage, EpisodeCounter, ReplayStage, StageLike, Stateful
 from ptl_rl.core.stage import Stage
 
 PIPELINE_STATE_VERSION = 1
@@ -39,6 +39,11 @@ def find_stage(last: Any, kind: type[StageT]) -> StageT:
         if isinstance(stage, kind):
             return stage
     raise ValueError(f"the pipeline {[type(s).__name__ for s in pipeline_stages(last)]} has no {kind.__name__}")
+
+
+def find_acting_stage(last: Any) -> ActingStage | None:
+    """The nearest stage at or before ``last`` that steps envs with an agent (an ExperienceSource); ``None`` if none."""
+    return next((stage for stage in reversed(pipeline_stages(last)) if isinstance(stage, ActingStage)), None)
 
 
 def find_episode_source(last: Any) -> EpisodeCounter:

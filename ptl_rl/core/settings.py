@@ -45,18 +45,17 @@ _warned = False  # one warning per process, whichever kernel is missing first
 
 
 def load_kernel(name: str) -> ModuleType | None:
-    """The compiled module ``ptl_rl.replay.<name>``, or ``None`` (the numpy path) when not built or not wanted.
+    """The compiled module ``ptl_rl.replay.<name>``, or ``None`` when it is not built.
 
-    A kernel that is not built warns once per process, saying what the numpy paths cost and how to get the
-    kernels; ``PTL_RL_PURE_PYTHON=1`` is a choice, so it does not warn.
+    Whether a kernel that is built is *used* by default is :attr:`Settings.compiled`'s to say. A kernel that
+    is not built warns once per process (whichever is missing first), saying what the numpy paths cost and how
+    to get the kernels, unless ``PTL_RL_PURE_PYTHON=1`` chose the numpy paths.
     """
     global _warned
-    if not SETTINGS.compiled:
-        return None
     try:
         return importlib.import_module(f"ptl_rl.replay.{name}")
     except ImportError:  # not built (no compiler at install time, or a source checkout without build_ext)
-        if not _warned:
+        if SETTINGS.compiled and not _warned:
             _warned = True
             warnings.warn(
                 "ptl_rl's compiled kernels are not built, so it runs their numpy paths: a FrameStorage add "

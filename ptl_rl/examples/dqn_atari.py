@@ -47,7 +47,7 @@ from gymnasium import spaces
 from torch import nn
 
 import ptl_rl
-from ptl_rl.examples import cli, reporting
+from ptl_rl.examples import cli, env_ids, reporting
 from ptl_rl.examples.burst import replay_stage
 from ptl_rl.examples.dqn import DQN, Evaluation, greedy_agent
 from ptl_rl.examples.quiet import quiet_lightning
@@ -78,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r = p.add_argument_group("replay placement")
     r.add_argument("--memmap-dir", default=None, help="keep the replay's frames in memory-mapped files there")
     r.add_argument("--extra-frames", type=int, default=None, help="FrameStorage pool frames beyond --buffer-size")
-    cli.register_ale()  # the ALE/* ids
+    env_ids.register_ale()  # the ALE/* ids
     # Pong's best return is 21; other ALE games have their own scale and no registered threshold
     return cli.parse(p, argv, (spaces.Discrete,), "DQN", solved_returns={"ALE/Pong-v5": 20.0})[0]
 

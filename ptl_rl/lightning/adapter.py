@@ -28,10 +28,6 @@ __all__ = ["BatchGroup", "PipelineDataset", "PipelineLoader", "check_last_stage"
 # in this process), and with one worker a length on an IterableDataset is exact. Lightning warns about both while
 # it sets the loader up, before the loader runs any code, so these two messages are silenced when a ptl_rl loader
 # is made (not at import): Lightning gives no per-loader way.
-_IRRELEVANT_WARNINGS = (
-    r"Your `IterableDataset` has `__len__` defined",
-    r"The 'train_dataloader' does not have many workers",
-)
 
 
 class _Epoch:
@@ -322,8 +318,6 @@ def to_dataloader(
         (3, [torch.Size([8]), torch.Size([8]), torch.Size([8])])
     """
     check_last_stage(pipeline)
-    for message in _IRRELEVANT_WARNINGS:
-        warnings.filterwarnings("ignore", message=message)
     if steps_per_epoch is None:
         steps_per_epoch = _rollout_groups(pipeline, batches_per_step)
     dataset = PipelineDataset(pipeline, steps_per_epoch, as_tuple, batches_per_step)

@@ -19,6 +19,7 @@ import torch
 from ptl_rl.core.chain import find_episode_source, pipeline_stages
 from ptl_rl.core.protocols import EpisodeCounter
 from ptl_rl.lightning._compat import Callback
+from ptl_rl.lightning.expected_warnings import ExpectedWarnings
 
 __all__ = ["EnvStepLimit", "PipelineCallback", "note_trainer_limits", "stop_known", "trainer_has_step_limit"]
 
@@ -44,12 +45,25 @@ def stop_known(pipeline: Any) -> bool:
 
 
 class PipelineCallback(Callback):
-    """A callback over a pipeline: at ``setup`` it tells the adapter whether the Trainer stops an endless loader."""
+    """A callback over a pipeline: at ``setup`` it tells the adapter whether the Trainer stops an endless loader,
+    and it ignores the two Lightning warnings the adapter's loader triggers by design while the Trainer runs
+    (:mod:`ptl_rl.lightning.expected_warnings`)."""
 
     pipeline: Any
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         note_trainer_limits(trainer, self.pipeline)
+        self._expected_warnings().enter()
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._expected_warnings().exit()
+
+    def _expected_warnings(self) -> ExpectedWarnings:
+        # (created on first use: a subclass need not call this __init__)
+        expected = self.__dict__.get("_expected")
+        if expected is None:
+            expected = self.__dict__["_expected"] = ExpectedWarnings()
+        return expected
 
 
 def global_env_steps(trainer: Any, source: EpisodeCounter) -> int:

@@ -28,7 +28,6 @@ from ptl_rl.video import (
     add_tensorboard_video,
     as_frames,
     check_video_packages,
-    quiet_headless_sdl,
     write_video,
 )
 
@@ -124,7 +123,6 @@ def record_episodes(env: gym.Env, agent: Agent, episodes: int = 1, seed: int | N
         (11, 11.0, (12, 400, 600, 3), dtype('uint8'))
     """
     check_video_env(env)
-    quiet_headless_sdl()
     capture = _FrameCapture(env, episodes)
     returns, lengths = run_episodes(capture, agent, episodes, seed)
     recorded = []
@@ -241,7 +239,6 @@ class EvaluationVideo(PipelineCallback):
 
     def _check_renders(self) -> None:
         """Render the reset frame once, so that an env that cannot render fails now, not at the first recording."""
-        quiet_headless_sdl()
         self.env.reset(seed=self.seed)
         render_frame(self.env)
 

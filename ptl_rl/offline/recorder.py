@@ -12,9 +12,11 @@ from ptl_rl.core._grouping import rank_within_group
 from ptl_rl.core._reprs import stage_repr
 from ptl_rl.core._trees import tree_assign, tree_leaves, tree_map, tree_take
 from ptl_rl.core.batch import TransitionBatch
+from ptl_rl.core.chain import pipeline_stages
 from ptl_rl.core.protocols import NumberedStream, PerEnvStream
 from ptl_rl.offline.reader import check_space_kind, import_minari
 from ptl_rl.offline.writer import check_new_dataset_id, create_dataset, store_env_spec
+from ptl_rl.stages.source import ExperienceSource
 
 __all__ = ["MinariRecorder"]
 
@@ -108,7 +110,7 @@ class MinariRecorder:
         self.dataset_id = str(dataset_id)
         self.partial_episodes = partial_episodes
         self.flush_every = int(flush_every)
-        self._env = env = env if env is not None else getattr(upstream, "env", None)
+        self._env = env = env if env is not None else _source_env(upstream)
         # `is None`, not `or`: a space can be falsy (an empty Dict has len 0) and is still the one asked for
         if observation_space is None or action_space is None:
             if env is None:
@@ -330,3 +332,10 @@ class MinariRecorder:
             steps_written=self.steps_written,
             running=running,
         )
+
+
+def _source_env(upstream: Any) -> Any:
+    """The env of the ExperienceSource at the head of ``upstream``'s chain (``None``: another kind of source)."""
+    if upstream is None:
+        return None
+    return next((stage.env for stage in pipeline_stages(upstream) if isinstance(stage, ExperienceSource)), None)

@@ -82,6 +82,7 @@ import torch
 
 from ptl_rl.core._reprs import stage_repr
 from ptl_rl.core.batch import TorchBatch, TransitionBatch
+from ptl_rl.core.chain import find_acting_stage
 from ptl_rl.core.stage import Stage
 from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.replay.rollout_gae import ValueFn, find_next_value_fn, rollout_with_gae
@@ -166,9 +167,14 @@ class RolloutBuffer(Stage[TorchBatch]):
         sequence_length: int | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        num_envs = num_envs if num_envs is not None else getattr(upstream, "num_envs", None)
+        if num_envs is None and upstream is not None:
+            source = find_acting_stage(upstream)  # the sub-envs of the source that feeds the rollout
+            num_envs = None if source is None else source.num_envs
         if num_envs is None or num_envs < 1:
-            raise ValueError("num_envs is required (>= 1) when upstream has no num_envs attribute")
+            raise ValueError(
+                "num_envs is required (>= 1) when no ExperienceSource is upstream to say how many sub-envs feed "
+                "the rollout"
+            )
         if steps_per_env < 1 or epochs < 1 or num_minibatches < 1:
             raise ValueError(
                 "steps_per_env, epochs and num_minibatches must be >= 1, "

@@ -15,7 +15,7 @@ import numpy as np
 from ptl_rl.core._trees import tree_map
 from ptl_rl.core.batch import TransitionBatch
 from ptl_rl.core.chain import pipeline_stages
-from ptl_rl.core.protocols import Critic, TransitionCritic
+from ptl_rl.core.protocols import ActingStage, Critic, TransitionCritic
 from ptl_rl.replay.gae import compute_gae
 
 ValueFn = Callable[[Any], np.ndarray]
@@ -29,7 +29,7 @@ def find_value_fn(upstream: Any) -> ValueFn | None:
     (ActorCriticAgent is one).
     """
     for stage in reversed(pipeline_stages(upstream)):
-        agent = getattr(stage, "agent", None)  # a source's (other stages have none)
+        agent = stage.agent if isinstance(stage, ActingStage) else None  # a source's
         if isinstance(agent, Critic):
             return agent.value
     return None
@@ -42,7 +42,7 @@ def find_next_value_fn(upstream: Any) -> RowsValueFn | None:
     than ``next_obs``: the state the row acted from, among the rows' fields.
     """
     for stage in reversed(pipeline_stages(upstream)):
-        agent = getattr(stage, "agent", None)
+        agent = stage.agent if isinstance(stage, ActingStage) else None
         if isinstance(agent, TransitionCritic):
             return agent.next_value
         if isinstance(agent, Critic):

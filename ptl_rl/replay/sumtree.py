@@ -6,27 +6,16 @@ over the tree levels (``log2(capacity)`` of them), never over the items.
 
 from __future__ import annotations
 
-import os
-from types import ModuleType
-
 import numpy as np
 
+from ptl_rl.core.settings import SETTINGS, load_kernel
+
 # The compiled loops (``_sumtree_kernel.c``, built by setup.py when a C compiler is there; optional) give the same
-# trees and draws bit for bit; ``PTL_RL_PURE_PYTHON=1``, read once at import, forces the numpy path.
+# trees and draws bit for bit; ptl_rl.core.settings decides whether they are used (PTL_RL_PURE_PYTHON=1: the numpy
+# path) and warns once when they are not built.
 
 
-def _compiled_kernel() -> ModuleType | None:
-    """The compiled module, or None when it is not built or ``PTL_RL_PURE_PYTHON`` forces numpy."""
-    if os.environ.get("PTL_RL_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from ptl_rl.replay import _sumtree_kernel
-    except ImportError:  # not built (no compiler at install time, or a source checkout without build_ext)
-        return None
-    return _sumtree_kernel
-
-
-_sumtree_kernel = _compiled_kernel()
+_sumtree_kernel = load_kernel("_sumtree_kernel") if SETTINGS.compiled else None
 
 # During an update of U leaves, levels at most min(16 U, this) wide are recomputed whole
 # (contiguous, strided adds): there one contiguous pass is cheaper than gathering parents.

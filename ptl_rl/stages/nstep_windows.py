@@ -21,6 +21,7 @@ import torch
 from ptl_rl.core._grouping import rank_within_group
 from ptl_rl.core._trees import tree_assign, tree_map, tree_take
 from ptl_rl.core.batch import TransitionBatch
+from ptl_rl.stages import nstep_lockstep as lockstep
 
 # Fields that describe the end of a step rather than its start: they are not kept in the window.
 _STEP_END_FIELDS = ("next_obs", "terminated", "truncated", "discount", "env_id")
@@ -65,7 +66,7 @@ class Windows:
         self._window_rows, self._no_end, self._full_discount = self._constants(0)
         self._sized_for_source = False
         self._gamma_column = _read_only(np.zeros(0, dtype=np.float32))  # n=1: the discount column
-        # Lockstep fast path (see _fold_lockstep): a source's batch that holds every one of its envs, in
+        # Lockstep fast path (ptl_rl.stages.nstep_lockstep): a source's batch that holds every one of its envs, in
         # order, is the same read-only env_id array each time. While every env of it writes at the same
         # ring position (the phase), a step is a few strided slice copies instead of gathers and scatters.
         # _quiet is the fewest steps a window of those envs holds: from n - 1 on, a step fills every window.
@@ -129,7 +130,7 @@ class Windows:
             # a source's batches hold (a subset of) the env ids of its first batch: only other input can grow
             self._sized_for_source = one_row_per_env
             if one_row_per_env and self._lock_ids is None:
-                self._adopt_lock_ids(env_id)
+                lockstep.adopt_ids(self, env_id)
         if not one_row_per_env:
             self._lock_phase = None  # rows of any envs: the heads may leave the lockstep phase
             if not self._unique(env_id):
@@ -140,10 +141,10 @@ class Windows:
             ended = np.count_nonzero(batch["terminated"]) or np.count_nonzero(batch["truncated"])
             phase = self._lock_phase
             if not ended and phase is not None and self._quiet >= self.n - 1:
-                return self._fold_lockstep(batch, phase)
+                return lockstep.fold(self, batch, phase)
         elif self._lock_ids is None:
             if not env_id.flags.writeable:  # a full batch of a source (after a restore, say)
-                self._adopt_lock_ids(env_id)
+                lockstep.adopt_ids(self, env_id)
             return self._fold_unique(batch, env_id)
         # a step with an episode end, windows not yet full, or a batch without some envs (next-step resets)
         self._lock_phase, self._quiet = None, 0
@@ -151,75 +152,8 @@ class Windows:
         if full_batch and not ended:
             # only a step that ends no episode can lead to the lockstep path (the windows must fill up
             # first), so only such a step looks for the common phase: none of this while episodes end often
-            self._resync()
+            lockstep.resync(self)
         return out
-
-    def _adopt_lock_ids(self, env_id: np.ndarray) -> None:
-        """Take ``env_id`` as the lockstep batch's ids if it is a read-only run ``lo, lo+1, ..`` (a source's)."""
-        flat = self._window is not None and all(isinstance(v, np.ndarray) for v in self._window.values())
-        flat = flat and isinstance(self._next_obs, np.ndarray)
-        lo = int(env_id[0])
-        if flat and not env_id.flags.writeable and np.array_equal(env_id, np.arange(lo, lo + len(env_id))):
-            self._lock_ids, self._lock_range = env_id, (lo, lo + len(env_id))
-
-    def _resync(self) -> None:
-        """After a general fold of a source's batch: bring the lockstep envs back to one ring phase if possible.
-
-        An env whose window is empty may move its head anywhere (nothing is held), so the envs with
-        an empty window take the head of the others. Changes nothing any window holds.
-        """
-        lo, hi = self._lock_range
-        heads, lengths = self._head[lo:hi], self._length[lo:hi]
-        held = np.flatnonzero(lengths)
-        phase = int(heads[held[0]]) if len(held) else int(heads[0])
-        if len(held) and not (heads[held] == phase).all():
-            return  # out of step (a window continued over a dropped row): the general path until a flush
-        heads[:] = phase
-        # the shortest window: from n - 1 on, the next step fills every window
-        self._lock_phase, self._quiet = phase, int(lengths.min())
-
-    def _fold_lockstep(self, batch: TransitionBatch, phase: int) -> TransitionBatch:
-        """Every env of the source stepped, none ended, every window full: strided copies, no gathers.
-
-        The ring slot of env ``e``'s step at ``phase`` is row ``e * n + phase``: a strided view of
-        the window arrays viewed as ``[E, n, ...]``. The slot at ``phase`` is free (a window holds
-        at most ``n - 1`` steps between calls), so a step written there changes no window held.
-        """
-        lo, hi = self._lock_range
-        views = self._views
-        if views is None:
-            views = self._views = self._make_views()
-        for name, store in views.items():
-            store[lo:hi, phase] = batch[name]
-        oldest = int(self._next_position[phase])  # the full window's oldest step sits where the next write goes
-        out: dict[str, Any] = {}
-        for name, store in views.items():
-            if name != "reward" and name != "next_obs":
-                out[name] = store[lo:hi, oldest].copy()
-        # the window's steps oldest first, then the same dot as _emit_full: the same float32 sums, bit for bit
-        # (ndarray.dot: a third of the cost of @ for these small operands)
-        out["reward"] = views["reward"][lo:hi].take(self._positions[oldest], axis=1).dot(self._fold[0])
-        out["next_obs"] = batch["next_obs"]
-        rows = hi - lo
-        out["terminated"] = out["truncated"] = self._no_end[:rows]
-        out["discount"] = self._full_discount[:rows]
-        out["env_id"] = self._lock_ids
-        # every window stays full (n - 1 held after emitting its oldest step)
-        self._head[lo:hi] = oldest
-        self._lock_phase = oldest
-        return TransitionBatch.wrap(out)
-
-    def _make_views(self) -> dict[str, np.ndarray]:
-        """The window arrays (and the next_obs ring) as ``[E, n, ...]`` views."""
-        window = self._window
-        assert window is not None  # sized by the first batch, before any fold or emit
-
-        def view(a: np.ndarray) -> np.ndarray:
-            return a.reshape(len(self._length), self.n, *a.shape[1:])
-
-        views = {name: view(store) for name, store in window.items()}
-        views["next_obs"] = view(self._next_obs)
-        return views
 
     def flush(self) -> TransitionBatch | None:
         """Emit every window still in flight as truncated (bootstrap from its last ``next_obs``); empties them."""

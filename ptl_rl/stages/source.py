@@ -28,29 +28,19 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from ptl_rl.agents.checks import check_agent
 from ptl_rl.core._reprs import env_name, stage_repr
-from ptl_rl.core._trees import to_numpy, tree_leaves, tree_map
-from ptl_rl.core.batch import CORE_FIELDS, TransitionBatch
-from ptl_rl.core.clock import SETTINGS, StageClock, perf_counter_ns
+from ptl_rl.core.batch import TransitionBatch
+from ptl_rl.core.clock import StageClock
 from ptl_rl.core.episode import Episode
-from ptl_rl.core.protocols import Agent, EnvStepAware, RankAware, RecurrentAgent, Stateful
+from ptl_rl.core.protocols import Agent, RankAware, Stateful
 from ptl_rl.core.stage import Stage
 from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.envs.checks import (
-    DISABLED,
     NEXT_STEP,
-    OLD_GYM_FIX,
     SAME_STEP,
-    autoreset_mode_of,
-    check_env_api,
-    has_float64,
-    is_vector_env,
-    reset_type_error,
 )
-from ptl_rl.envs.envpool import as_vector_env, check_autoreset_mode
-from ptl_rl.envs.failures import check_env_usable, finish_pending_async_call, note_failed_sub_env
-from ptl_rl.stages.env_arrays import bool_array, copy_tree, float64_as_float32, set_rows
+from ptl_rl.stages.agent_call import AgentCall
+from ptl_rl.stages.env_stepper import EnvStepper
 from ptl_rl.stages.episodes import EpisodeTracker
 from ptl_rl.stages.finite import FiniteCheck
 
@@ -156,8 +146,7 @@ class ExperienceSource(Stage[TransitionBatch]):
         steps_per_batch: int = 1,
         observation_transform: Callable[[Any], Any] | None = None,
     ) -> None:
-        env = as_vector_env(env)  # an EnvPool pool: seeded resets, async mode refused (ptl_rl/envs/envpool.py)
-        check_env_api(env)
+        stepper = EnvStepper(env, autoreset_mode, cast_float64)
         if not callable(agent):
             raise TypeError(f"agent must be callable as agent(obs) -> actions, got {type(agent).__name__}")
         if not 0.0 < gamma <= 1.0:
@@ -170,32 +159,22 @@ class ExperienceSource(Stage[TransitionBatch]):
         self.steps_per_batch = int(steps_per_batch)
         # a chunk holds several steps of each env: stages that need one step per batch check this
         self.one_row_per_env = self.steps_per_batch == 1
-        self.env = env
+        self._env = stepper
+        self.env = stepper.env
         self.check_finite = bool(check_finite)
         self.agent = agent
         self.gamma = float(gamma)
         self.seed = seed
         self.rank = int(rank or 0)
         self._rank_is_explicit = rank is not None
-        self._cast_float64 = bool(cast_float64) and has_float64(
-            env.single_observation_space if is_vector_env(env) else env.observation_space
-        )
-        self.is_vector = is_vector_env(env)
-        self.num_envs = int(env.num_envs) if self.is_vector else 1
-        self.action_space = env.single_action_space if self.is_vector else env.action_space
-        check_agent(agent, self.action_space)  # a bare network, or an agent for another kind of action space
-        self.autoreset_mode = autoreset_mode_of(env, autoreset_mode) if self.is_vector else DISABLED
-        check_autoreset_mode(env, self.autoreset_mode)  # EnvPool: next-step only, refused now, not at an episode end
-        # a float64 cast makes a fresh array anyway
-        self._copy_obs = self.is_vector and not getattr(env, "copy", True) and not self._cast_float64
-        action_shape = getattr(self.action_space, "shape", None)
-        self._action_batch_shape = (self.num_envs, *action_shape) if action_shape is not None else None
+        self.is_vector = stepper.is_vector
+        self.num_envs = stepper.num_envs
+        self.action_space = stepper.action_space
+        self.autoreset_mode = stepper.autoreset_mode
+        self._agent_call = AgentCall(agent, self.num_envs, self.action_space)
         # what the agent is shown instead of the env's observations (an ObservationNormalizer); batches keep the
         # env's own: a stage downstream decides what it yields
         self.observation_transform = observation_transform
-        # the agent's optional hooks (ptl_rl.core.protocols), looked up once
-        self._agent_reset_state = agent.reset_state if isinstance(agent, RecurrentAgent) else None
-        self._agent_on_env_steps = agent.on_env_steps if isinstance(agent, EnvStepAware) else None
 
         n = self.num_envs
         self._set_env_ids()
@@ -210,9 +189,7 @@ class ExperienceSource(Stage[TransitionBatch]):
         self._any_resetting = False  # whether _resetting has a True: read once per step, kept with it
         self._reset_count = 0
         # time accounting (ptl_rl.profile): the env step and the agent call are parts of the source's own time
-        self._env_clock = StageClock("env step", "env steps")
-        self._agent_clock = StageClock("agent call", "env steps")
-        self.clock = StageClock("source bookkeeping", "transitions", (self._env_clock, self._agent_clock))
+        self.clock = StageClock("source bookkeeping", "transitions", (stepper.clock, self._agent_call.clock))
 
     # ------------------------------------------------------------------ stage
     def step(self) -> TransitionBatch:
@@ -339,27 +316,8 @@ class ExperienceSource(Stage[TransitionBatch]):
 
     def _reset_all(self) -> None:
         """Reset every sub-env (the first step, after a cut step, after a restore): a cut in every env's stream."""
-        check_env_usable(self.env)
         self.mark_cut()  # downstream stages must not join steps across it
-        seeds = self._reset_seeds()
-        try:
-            if self.is_vector:
-                finish_pending_async_call(self.env)
-                result = self.env.reset(seed=seeds)
-            else:
-                result = self.env.reset(seed=None if seeds is None else seeds[0])
-        except TypeError as exc:
-            advice = reset_type_error(exc)
-            if advice is None:
-                raise
-            raise advice from exc
-        if not (isinstance(result, tuple) and len(result) == 2):
-            raise TypeError(
-                "env.reset() must return (obs, info) as in gymnasium>=0.26; this env uses the old gym API. "
-                f"{OLD_GYM_FIX}"
-            )
-        obs = result[0]
-        self._obs = self._own_obs(obs)
+        self._obs = self._env.reset(self._reset_seeds())
         if self._finite is not None:
             self._finite.field(self._obs, "reset observation", self._env_ids, self.total_steps)
         self._reset_count += 1
@@ -367,84 +325,16 @@ class ExperienceSource(Stage[TransitionBatch]):
         self._resetting, self._any_resetting = self._no_env, False
         self._episodes.restart_all()
 
-    def _own_obs(self, obs: Any) -> Any:
-        """An env's observation as the source keeps it: batched, float64 cast, copied if the env reuses its buffer."""
-        if not self.is_vector:
-            obs = tree_map(lambda x: np.array(x)[None], obs)
-        elif self._copy_obs:
-            obs = copy_tree(obs)
-        if self._cast_float64:
-            obs = float64_as_float32(obs)
-        return obs
-
     def _act(self) -> tuple[np.ndarray, dict[str, Any]]:
-        if self._agent_reset_state is not None and np.count_nonzero(self._fresh):
-            self._agent_reset_state(self._fresh.copy())
         obs = self._obs if self.observation_transform is None else self.observation_transform(self._obs)
-        if SETTINGS.profiling:
-            start = perf_counter_ns()
-            out = self.agent(obs)
-            self._agent_clock.add(perf_counter_ns() - start, self.num_envs)
-        else:
-            out = self.agent(obs)
-        actions, extras = out if isinstance(out, tuple) else (out, None)
-        if not isinstance(actions, np.ndarray):
-            actions = to_numpy(actions)
-        if actions.shape != self._action_batch_shape and not self._shape_fits(actions):
-            n, shape = self.num_envs, (self._action_batch_shape or (0, "..."))[1:]
-            raise ValueError(
-                f"agent returned actions of shape {actions.shape}; expected {(n, *shape)} "
-                f"(one action of shape {shape} for each of the {n} envs). "
-                "Return a batch of actions with a leading env dimension, also for a single env."
-            )
-        return actions, self._checked_extras(extras) if extras else {}
-
-    def _shape_fits(self, actions: np.ndarray) -> bool:
-        # spaces without a fixed shape (Dict, Tuple, Text) only need one action per env
-        return self._action_batch_shape is None and actions.ndim > 0 and actions.shape[0] == self.num_envs
-
-    def _checked_extras(self, extras: Mapping[str, Any]) -> dict[str, Any]:
-        arrays: dict[str, Any] = to_numpy(dict(extras))
-        for name, value in arrays.items():
-            if name in CORE_FIELDS:
-                raise ValueError(f"agent extra {name!r} collides with a core field; rename it")
-            for _, leaf in tree_leaves(value):
-                if leaf.ndim == 0 or leaf.shape[0] != self.num_envs:
-                    raise ValueError(
-                        f"agent extra {name!r} has shape {leaf.shape}; "
-                        f"expected a leading dimension of {self.num_envs} (one row per env)"
-                    )
-        return arrays
-
-    def _env_step(self, actions: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
-        try:
-            if SETTINGS.profiling:
-                start = perf_counter_ns()
-                result = self.env.step(actions if self.is_vector else actions[0])
-                self._env_clock.add(perf_counter_ns() - start, self.num_envs)
-            else:
-                result = self.env.step(actions if self.is_vector else actions[0])
-        except Exception as exc:
-            note_failed_sub_env(self.env, self.is_vector, self._env_ids, exc)
-            raise
-        if len(result) != 5:
-            raise TypeError(
-                f"env.step() returned {len(result)} values; gymnasium envs return "
-                "(obs, reward, terminated, truncated, info). This env uses the old 4-tuple gym API: "
-                "port it to gymnasium, or wrap it with shimmy's GymV21CompatibilityV0."
-            )
-        obs, reward, terminated, truncated, info = result
-        obs = self._own_obs(obs)
-        if not self.is_vector:
-            reward, terminated, truncated = np.array([reward]), np.array([terminated]), np.array([truncated])
-        return obs, reward, bool_array(terminated), bool_array(truncated), info
+        return self._agent_call(obs, self._fresh)
 
     def _step(self) -> TransitionBatch | None:
         actions, extras = self._act()
-        obs, reward, terminated, truncated, info = self._env_step(actions)
+        obs, reward, terminated, truncated, info = self._env.step(actions, self._env_ids)
         done = terminated | truncated
         any_done = int(np.count_nonzero(done)) > 0  # (a Python bool: the stubs type the count as np.intp)
-        next_obs = self._final_obs_from_info(obs, done, info) if any_done and self.autoreset_mode == SAME_STEP else obs
+        next_obs = self._env.final_obs(obs, done, info) if any_done and self.autoreset_mode == SAME_STEP else obs
         raw_reward = reward
         reward = np.asarray(reward, dtype=np.float32)
         if self._finite is not None:
@@ -481,30 +371,16 @@ class ExperienceSource(Stage[TransitionBatch]):
             self._fresh = done
             if any_done:
                 self._reset_finished(done)
-        if self._agent_on_env_steps is not None:
-            self._agent_on_env_steps(self.total_steps)
+        if self._agent_call.on_env_steps is not None:
+            self._agent_call.on_env_steps(self.total_steps)
         return batch if just_reset is None or len(batch) else None
 
-    def _final_obs_from_info(self, obs: Any, done: np.ndarray, info: Mapping[str, Any]) -> Any:
-        if "final_obs" not in info:
-            raise RuntimeError(
-                "the vector env reported an episode end without info['final_obs']; it does not autoreset "
-                "in same-step mode. Pass autoreset_mode='NextStep' or 'Disabled' to ExperienceSource."
-            )
-        ended = done.nonzero()[0]
-        next_obs = copy_tree(obs)
-        set_rows(next_obs, ended, list(info["final_obs"][ended]))
-        return next_obs
-
     def _reset_finished(self, done: np.ndarray) -> None:
-        """Reset the sub-envs that ended (single env, or a vector env in disabled mode)."""
-        if not self.is_vector:
-            self._obs = self._own_obs(self.env.reset()[0])
-        elif self.autoreset_mode == DISABLED:
-            obs, _ = self.env.reset(options={"reset_mask": done.copy()})
-            self._obs = self._own_obs(obs)
-        else:
+        """Reset the sub-envs that ended where the env does not do it itself, and check their observations."""
+        obs = self._env.reset_finished(done)
+        if obs is None:
             return  # same-step: the vector env reset them itself, and _step checked those observations
+        self._obs = obs
         if self._finite is not None:
             self._finite.field(self._obs, "reset observation", self._env_ids, self.total_steps)
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from paths import REPO, SUPPORT
 
-from ptl_rl.examples import cli
+from ptl_rl.examples import cli, env_ids
 
 ROOT = REPO
 TESTS = SUPPORT  # catch_env, for dqn_atari's smoke run
@@ -628,7 +628,7 @@ def test_dqn_atari_films_the_colour_screen_of_the_env_its_agent_sees_preprocesse
     pytest.importorskip("ale_py", reason="the atari extra")
     from ptl_rl.examples import dqn_atari
 
-    cli.register_ale()
+    env_ids.register_ale()
     env = dqn_atari.make_single_env("ALE/Pong-v5", 4, render_mode="rgb_array")
     obs, _ = env.reset(seed=0)
     assert obs.shape == (4, 84, 84) and env.render().shape == (210, 160, 3)

@@ -19,7 +19,7 @@ from scripted_env import BOTH, TERM, TRUNC, ScriptedAgent, env_attr, ids_of, mak
 
 import ptl_rl
 from ptl_rl import ExperienceSource, NStepTransform, ReplayBuffer, TransitionBatch
-from ptl_rl.stages.nstep_windows import Windows
+from ptl_rl.stages import nstep_lockstep
 
 
 def assert_matches_reference(outputs, reference) -> None:
@@ -72,13 +72,13 @@ class SourceStream:
 def lockstep_calls(monkeypatch):
     """Counts the folds that took the lockstep path."""
     calls = []
-    original = Windows._fold_lockstep
+    original = nstep_lockstep.fold
 
     def counted(self, batch, phase):
         calls.append(len(batch))
         return original(self, batch, phase)
 
-    monkeypatch.setattr(Windows, "_fold_lockstep", counted)
+    monkeypatch.setattr(nstep_lockstep, "fold", counted)
     return calls
 
 
@@ -143,17 +143,17 @@ def test_lockstep_path_survives_an_interrupt_and_a_restore(lockstep_calls) -> No
     for _ in range(10):
         next(nstep)
     assert lockstep_calls, "the lockstep path was not taken"
-    original = Windows._fold_lockstep
+    original = nstep_lockstep.fold
 
     def interrupted(self, batch, phase):
         raise KeyboardInterrupt
 
-    Windows._fold_lockstep = interrupted
+    nstep_lockstep.fold = interrupted
     try:
         with pytest.raises(KeyboardInterrupt):
             next(nstep)
     finally:
-        Windows._fold_lockstep = original
+        nstep_lockstep.fold = original
     out = next(nstep)  # flushes every window as truncated, then folds a step of fresh episodes
     assert out["truncated"].sum() == 2 * 2  # two windows of 2 steps each per env, emitted as truncated tails
     state = nstep.state_dict()

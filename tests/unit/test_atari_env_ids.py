@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 from gymnasium.envs.registration import registry
 
-from ptl_rl.examples import cli, dqn
+from ptl_rl.examples import dqn, env_ids
 
 
 @pytest.fixture
@@ -83,10 +83,10 @@ def test_a_gymnasium_env_named_like_an_atari_game_is_not_taken_for_one(without_a
 
 
 def test_suggestions_compare_names_not_version_suffixes(without_ale_py):
-    assert cli.similar_env_ids("Pong-v5") == []  # not Ant-v5: only "-v5" is alike
-    assert cli.similar_env_ids("CartPol-v1")[0] == "CartPole-v1"
-    assert cli.similar_env_ids("Hoper-v5")[0] == "Hopper-v5"
-    assert "MountainCarContinuous-v0" in cli.similar_env_ids("MountainCarContinous-v0")
+    assert env_ids.similar_env_ids("Pong-v5") == []  # not Ant-v5: only "-v5" is alike
+    assert env_ids.similar_env_ids("CartPol-v1")[0] == "CartPole-v1"
+    assert env_ids.similar_env_ids("Hoper-v5")[0] == "Hopper-v5"
+    assert "MountainCarContinuous-v0" in env_ids.similar_env_ids("MountainCarContinous-v0")
 
 
 def test_with_ale_py_an_atari_id_registers_on_demand_and_a_v5_name_points_to_its_namespace(saved_registry, capsys):
@@ -96,9 +96,9 @@ def test_with_ale_py_an_atari_id_registers_on_demand_and_a_v5_name_points_to_its
         del registry[env_id]
     del sys.modules["ale_py"]  # imported again by the check (saved_registry puts things back after the test)
     parser = argparse.ArgumentParser(prog="check")
-    cli._check_registered(parser, "ALE/Pong-v5")  # dqn's check too, not only dqn_atari's
+    env_ids.check_registered(parser, "ALE/Pong-v5")  # dqn's check too, not only dqn_atari's
     assert "ALE/Pong-v5" in registry
     with pytest.raises(SystemExit):
-        cli._check_registered(parser, "Pong-v5")
+        env_ids.check_registered(parser, "Pong-v5")
     err = capsys.readouterr().err
     assert "no such gymnasium env; did you mean ALE/Pong-v5" in err and "Ant" not in err

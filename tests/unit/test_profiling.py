@@ -83,7 +83,7 @@ def test_switched_off_the_counters_stand_still() -> None:
             next(nstep)
     finally:
         ptl_rl.set_profiling(True)
-    assert nstep.clock.calls == source.clock.calls == source._env_clock.calls == 0
+    assert nstep.clock.calls == source.clock.calls == source._env.clock.calls == 0
     next(nstep)
     assert nstep.clock.calls == 1
 

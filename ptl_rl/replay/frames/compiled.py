@@ -3,35 +3,25 @@
 ``_frame_insert.c`` is an array kernel: it gets the storage's arrays (held as buffers), the batch's arrays
 and the counters as integers, writes the batch and returns the number of frames written. Everything else
 is here, in Python: which batches it may take (the stream number, a cut, the journal), and the commit of
-the bookkeeping in one statement once the kernel returned. ``PTL_RL_PURE_PYTHON=1`` in the environment,
-read once at import, forces the Python path for every FrameStorage (``FrameStorage.compiled`` does it for
-one); a build without a C compiler has no kernel and takes the Python path too.
+the bookkeeping once the kernel returned. ``PTL_RL_PURE_PYTHON=1`` (read once by
+:mod:`ptl_rl.core.settings`) forces the Python path for every FrameStorage (``FrameStorage.compiled`` does
+it for one); a build without a C compiler has no kernel, takes the Python path too, and says so once.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from ptl_rl.core.batch import TransitionBatch
+from ptl_rl.core.settings import SETTINGS, load_kernel
 from ptl_rl.replay.frames.insert import FrameInsert
 from ptl_rl.replay.unfinished import UnfinishedAdd
 
-
-def _load_kernel() -> ModuleType | None:
-    try:
-        from ptl_rl.replay import _frame_insert  # noqa: PLC0415
-    except ImportError:  # not built (no compiler at install time, or a source checkout without build_ext)
-        return None
-    return _frame_insert
-
-
-PURE_PYTHON = os.environ.get("PTL_RL_PURE_PYTHON", "") not in ("", "0")
-_frame_insert = _load_kernel()
+PURE_PYTHON = not SETTINGS.compiled  # (PTL_RL_PURE_PYTHON=1, read once by ptl_rl.core.settings)
+_frame_insert = load_kernel("_frame_insert")
 COMPILED_INSERT = _frame_insert is not None and not PURE_PYTHON
 
 

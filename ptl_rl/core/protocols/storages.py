@@ -1,0 +1,95 @@
+"""What a replay buffer needs of the storage it keeps its transitions in, and the capabilities a storage may have."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ptl_rl.core.batch import TransitionBatch
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """Where a replay buffer keeps its transitions: a ring of ``capacity`` slots.
+
+    ``add`` writes the ``B`` rows of a batch into the next slots (the oldest
+    are overwritten once full) and returns them (int64 [B]); ``gather``
+    returns the rows of the given slots (int [R]) as a
+    :class:`~ptl_rl.core.batch.TransitionBatch` [R, ...]. ``len()`` is the number
+    of slots holding data, ``size`` the same, ``cursor`` the next slot to
+    write and ``total_added`` the rows ever added. A storage must refuse a
+    batch it cannot store (``ValueError``/``TypeError``) *before* writing
+    anything. Its state is saved with the buffer's (:class:`Stateful`).
+
+    Pass ``storage=lambda capacity: MyStorage(capacity)`` to a replay buffer.
+    """
+
+    capacity: int
+    cursor: int
+    size: int
+    total_added: int
+
+    def __len__(self) -> int: ...
+
+    def add(self, batch: TransitionBatch) -> np.ndarray: ...
+
+    def gather(self, indices: np.ndarray) -> TransitionBatch: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class RollbackStorage(Protocol):
+    """A storage whose ``add`` changes more than its counters (per-env bookkeeping): it takes its own snapshots.
+
+    An interrupted ``add`` is redone in full by the buffer: it restores the
+    snapshot taken before the add, then adds the batch again. Without these
+    methods the buffer rolls back ``cursor``, ``size`` and ``total_added``,
+    which suffices for a storage that rewrites whole rows.
+    """
+
+    def snapshot(self) -> Any: ...
+
+    def restore(self, snapshot: Any) -> None: ...
+
+
+@runtime_checkable
+class JournaledStorage(Protocol):
+    """A storage whose ``add`` is safe against cuts by itself (a FrameStorage, whose compiled insert commits whole).
+
+    A buffer adds to it directly instead of journaling the add (see
+    :class:`~ptl_rl.core.guard.WriteJournal`), and calls ``settle()`` before
+    every read: it finishes an add a cut left half done (a no-op when none is).
+    """
+
+    def settle(self) -> None: ...
+
+
+@runtime_checkable
+class PartlySampleableStorage(Protocol):
+    """A storage some of whose slots cannot be sampled yet (a frame stack still incomplete).
+
+    ``sampleable(slots)`` returns a bool array [R]: the buffers draw again
+    where it is ``False``, and passes without replacement skip those slots.
+    """
+
+    def sampleable(self, indices: np.ndarray) -> np.ndarray: ...
+
+
+@runtime_checkable
+class StreamBoundStorage(Protocol):
+    """A storage that follows its buffer's upstream stream (which stage feeds it, and the number of each batch).
+
+    The buffer calls ``bind_upstream(upstream)`` once when it is built and
+    ``note_stream_seq(batch, seq)`` before adding each pulled batch, with the
+    upstream's :class:`NumberedStream` number (or ``None``).
+    """
+
+    def bind_upstream(self, upstream: Any) -> None: ...
+
+    def note_stream_seq(self, batch: TransitionBatch, seq: int | None) -> None: ...
