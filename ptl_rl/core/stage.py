@@ -35,12 +35,13 @@ state is large or hot overrides :meth:`Stage.snapshot` and
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar, cast
 
 from ptl_rl.core import guard
-from ptl_rl.core.clock import SETTINGS, StageClock, perf_counter_ns
-from ptl_rl.core.protocols import NumberedStream, Stateful, implements
+from ptl_rl.core.clock import StageClock
+from ptl_rl.core.protocols import NumberedStream, Stateful
 
 T_co = TypeVar("T_co", covariant=True)
 R = TypeVar("R")
@@ -75,7 +76,8 @@ class Stage(Generic[T_co]):
         state). Override both methods for large or per-step-hot state (return references to state the
         step replaces rather than changes in place).
         """
-        if implements(self, Stateful):
+        kind: type = type(self)  # (plain `type`: mypy checks type[Stage] against the cache's Hashable key)
+        if _stateful(kind):
             return copy.deepcopy(cast(Stateful, self).state_dict())
         return None
 
@@ -98,7 +100,7 @@ class Stage(Generic[T_co]):
         if upstream is None:
             raise TypeError(f"this {type(self).__name__} has no upstream to pull from")
         item = next(upstream)
-        record = self._guard
+        record = self._guard_record or self._new_guard_record()
         if record.numbered_upstream:
             guard.note_upstream_seq(record, cast(NumberedStream, upstream).stream_seq)
         return item
@@ -125,26 +127,23 @@ class Stage(Generic[T_co]):
     def __iter__(self) -> Iterator[T_co]:
         return self
 
-    def __next__(self) -> T_co:
-        record = self._guard
-        if not SETTINGS.profiling:
-            return guard.run_step(self, record, self.step)
-        start = perf_counter_ns()
-        out = guard.run_step(self, record, self.step)
-        self.clock.add(perf_counter_ns() - start, self.count(out))
-        return out
+    __next__ = guard.next_step  # the step as a transaction: see ptl_rl.core.guard
 
     @property
     def stream_seq(self) -> int:
         """The number of the last output: one more per output, two more after a cut."""
         return self._guard.stream_seq
 
+    # the guard's record of this stage, created on first use (a subclass need not call Stage.__init__)
+    _guard_record: _StageRecord | None = None
+
     @property
     def _guard(self) -> _StageRecord:
-        # created on first use, so a subclass that does not call Stage.__init__ still gets one
-        record = self.__dict__.get("_guard_record")
-        if record is None:
-            record = self.__dict__["_guard_record"] = _StageRecord(self.upstream)
+        record = self._guard_record
+        return record if record is not None else self._new_guard_record()
+
+    def _new_guard_record(self) -> _StageRecord:
+        record = self._guard_record = _StageRecord(self.upstream)
         return record
 
     def __getattr__(self, name: str) -> Any:
@@ -162,3 +161,8 @@ class _StageRecord(guard.StepRecord):
     def __init__(self, upstream: Any) -> None:
         super().__init__()
         self.numbered_upstream = isinstance(upstream, NumberedStream)
+
+
+@functools.cache
+def _stateful(kind: type) -> bool:
+    return issubclass(kind, Stateful)

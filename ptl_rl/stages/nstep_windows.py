@@ -26,12 +26,6 @@ from ptl_rl.stages import nstep_lockstep as lockstep
 # Fields that describe the end of a step rather than its start: they are not kept in the window.
 _STEP_END_FIELDS = ("next_obs", "terminated", "truncated", "discount", "env_id")
 
-# what a fold replaces or writes in place: the snapshot holds references to the first, copies of head and length
-_REPLACED = (
-    "_window", "_next_obs", "_scratch", "_window_rows", "_no_end", "_full_discount", "_gamma_column",
-    "_sized_for_source", "_lock_ids", "_lock_range", "_lock_phase", "_quiet", "_views",
-)  # fmt: skip
-
 
 class Windows:
     """Per-env rings of the last ``n - 1`` steps, and the folds that turn steps into n-step rows.
@@ -90,17 +84,19 @@ class Windows:
         batch holding several steps of one env (:meth:`_fold_in_order`) writes into a slot that an
         earlier step of the same fold freed, so it logs what it overwrites in the snapshot's undo list.
         """
-        self._undo = []
-        return (self._undo, self._head.copy(), self._length.copy(), *[getattr(self, name) for name in _REPLACED])
+        undo: list[tuple[list[Any], np.ndarray, list[Any]]] = []
+        self._undo = undo
+        # every attribute by reference (a fold replaces what it grows), head and length as copies
+        return undo, self._head.copy(), self._length.copy(), dict(vars(self))
 
     def restore(self, snapshot: tuple[Any, ...]) -> None:
         """Put back a :meth:`snapshot`: a fold cut short is undone whole (idempotent, so a cut restore reruns)."""
         for stores, slots, saved in reversed(snapshot[0]):
             for store, values in zip(stores, saved, strict=True):
                 tree_assign(store, slots, values)
-        self._head, self._length = snapshot[1], snapshot[2]
-        for name, value in zip(_REPLACED, snapshot[3:], strict=True):
+        for name, value in snapshot[3].items():
             setattr(self, name, value)
+        self._head, self._length = snapshot[1], snapshot[2]
 
     # ------------------------------------------------------------------ folding
     def fold(self, batch: TransitionBatch, one_row_per_env: bool) -> TransitionBatch | None:

@@ -162,7 +162,6 @@ class ExperienceSource(Stage[TransitionBatch]):
         self._env = stepper
         self.env = stepper.env
         self.check_finite = bool(check_finite)
-        self.agent = agent
         self.gamma = float(gamma)
         self.seed = seed
         self.rank = int(rank or 0)
@@ -190,6 +189,16 @@ class ExperienceSource(Stage[TransitionBatch]):
         self._reset_count = 0
         # time accounting (ptl_rl.profile): the env step and the agent call are parts of the source's own time
         self.clock = StageClock("source bookkeeping", "transitions", (stepper.clock, self._agent_call.clock))
+
+    @property
+    def agent(self) -> Agent:
+        """What the source acts with. Assigning another agent (a collector stamping versions) checks it anew."""
+        return self._agent_call.agent
+
+    @agent.setter
+    def agent(self, agent: Agent) -> None:
+        self._agent_call = AgentCall(agent, self.num_envs, self.action_space)
+        self.clock.parts = (self._env.clock, self._agent_call.clock)
 
     # ------------------------------------------------------------------ stage
     def step(self) -> TransitionBatch:
