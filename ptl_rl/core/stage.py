@@ -9,7 +9,7 @@ A stage of your own::
 
         def step(self) -> ptl_rl.TransitionBatch:
             batch = self.pull()
-            return batch.replace(reward=np.clip(batch.reward, -self.limit, self.limit))
+            return ptl_rl.TransitionBatch({**batch, "reward": np.clip(batch.reward, -self.limit, self.limit)})
 
 ``next(stage)`` runs ``step()`` through :mod:`ptl_rl.core.guard`, so the
 stage gets, without a line of its own:
