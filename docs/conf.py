@@ -64,7 +64,8 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(?!ptl_rl\b).*"),
     (r"py:mod", r".*"),
     # type variables: a signature's placeholder (a stage's output type, a callable's result), no object to link
-    (r"py:(class|obj)", r"ptl_rl\.core\.(stage|guard|protocols)\.(T|T_co|R)"),
+    (r"py:(class|obj)", r"ptl_rl\.core\.(stage|guard|protocols(\.\w+)?)\.(T|T_co|R|SnapshotT)"),
+    (r"py:(class|obj)", r"ptl_rl\.(offline\.source\.FillableT|replay\.unfinished\.SnapshotT)"),
 ]
 # Internal helpers that docstrings name for the curious reader but that are not part of the API.
 nitpick_ignore = [
@@ -150,6 +151,9 @@ def _skip_foreign_docstrings(app, what, name, obj, skip, options):  # noqa: ANN0
 # reference that finds nothing is resolved to the documented object whose name ends the same way.
 
 
+_SUFFIX_PREFIXES = ("ptl_rl.", "ptl_rl.replay.", "ptl_rl.distributed.", "ptl_rl.core.protocols.", "ptl_rl.lightning.")
+
+
 def _resolve_by_suffix(app, env, node, contnode):  # noqa: ANN001, ANN201 - Sphinx event signature
     if node.get("refdomain") != "py":
         return None
@@ -162,7 +166,7 @@ def _resolve_by_suffix(app, env, node, contnode):  # noqa: ANN001, ANN201 - Sphi
     for start in range(1, len(parts)):
         if not parts[start - 1].islower():
             break  # drop module names only: "ptl_rl.x.Unknown.state_dict" must not become "state_dict"
-        for prefix in ("ptl_rl.", "ptl_rl.replay.", "ptl_rl.distributed.", "ptl_rl.core.protocols."):
+        for prefix in _SUFFIX_PREFIXES:
             entry = objects.get(prefix + ".".join(parts[start:]))
             if entry is not None:
                 return make_refnode(app.builder, node["refdoc"], entry.docname, entry.node_id, contnode)

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from ptl_rl.core.protocols import Agent
+from ptl_rl.core.protocols import Agent, EnvLike
 from ptl_rl.core.ranks import distributed_rank, rank_seed
 from ptl_rl.stages.source import ExperienceSource
 
 
-def run_episodes(env: Any, agent: Agent, episodes: int, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def run_episodes(env: EnvLike, agent: Agent, episodes: int, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Undiscounted returns (float64 [episodes]) and lengths (int64 [episodes]) of ``episodes`` whole episodes.
 
     ``env`` may be a single or a vector env. With ``N`` sub-envs, sub-env ``i``
@@ -40,12 +39,12 @@ def run_episodes(env: Any, agent: Agent, episodes: int, seed: int | None = None)
     return np.asarray(returns, dtype=np.float64), np.asarray(lengths, dtype=np.int64)
 
 
-def evaluate(env: Any, agent: Agent, episodes: int, seed: int | None = None) -> np.ndarray:
+def evaluate(env: EnvLike, agent: Agent, episodes: int, seed: int | None = None) -> np.ndarray:
     """Undiscounted returns (float64 [episodes]) of ``episodes`` whole episodes; see :func:`run_episodes`."""
     return run_episodes(env, agent, episodes, seed)[0]
 
 
-class EvaluationDataset(IterableDataset):
+class EvaluationDataset(IterableDataset[dict[str, torch.Tensor]]):
     """Each pass runs ``episodes`` episodes of ``agent`` in ``env`` and yields them as one batch.
 
     The episodes are run when the dataset is iterated, so an agent that holds
@@ -55,7 +54,7 @@ class EvaluationDataset(IterableDataset):
     ``{"episode_return": float32 [episodes], "episode_length": float32 [episodes]}``.
     """
 
-    def __init__(self, env: Any, agent: Agent, episodes: int = 10, seed: int | None = None) -> None:
+    def __init__(self, env: EnvLike, agent: Agent, episodes: int = 10, seed: int | None = None) -> None:
         super().__init__()
         if episodes < 1:
             raise ValueError(f"episodes must be >= 1, got {episodes}")
@@ -76,7 +75,9 @@ class EvaluationDataset(IterableDataset):
         return 1
 
 
-def evaluation_dataloader(env: Any, agent: Agent, episodes: int = 10, seed: int | None = None) -> DataLoader:
+def evaluation_dataloader(
+    env: EnvLike, agent: Agent, episodes: int = 10, seed: int | None = None
+) -> DataLoader[dict[str, torch.Tensor]]:
     """A one-batch DataLoader of evaluation episodes, for Lightning's validation and test loops.
 
     Return it from ``val_dataloader`` (or pass it as ``val_dataloaders``), and

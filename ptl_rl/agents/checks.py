@@ -46,7 +46,7 @@ _AGENTS_FOR = {
 }
 
 
-def check_agent(agent: Any, action_space: spaces.Space | None) -> None:
+def check_agent(agent: Any, action_space: spaces.Space[Any] | None) -> None:
     """Raise ``TypeError`` naming the fix if ``agent`` cannot act in ``action_space`` (the env's single space)."""
     if isinstance(agent, nn.Module):
         raise TypeError(
@@ -93,7 +93,7 @@ def static_output_width(net: nn.Module) -> int | None:
     return None
 
 
-def scores_width(space: spaces.Space) -> int | None:
+def scores_width(space: spaces.Space[Any]) -> int | None:
     """How many scores (Q-values, logits) a network needs for ``space``: Discrete ``n``, MultiDiscrete ``sum(nvec)``.
 
     ``None`` for other spaces. A non-zero ``start`` raises ValueError: score
@@ -112,7 +112,7 @@ def scores_width(space: spaces.Space) -> int | None:
     return None
 
 
-def check_output_width(agent: str, width: int, space: spaces.Space, what: str = "scores") -> None:
+def check_output_width(agent: str, width: int, space: spaces.Space[Any], what: str = "scores") -> None:
     """Raise ValueError naming the action space and the agent's output if ``width`` does not fit ``space``."""
     expected = scores_width(space)
     if expected is None or width == expected:
@@ -155,7 +155,7 @@ def check_selector(selector: Any) -> None:
         )
 
 
-def _instead(space: spaces.Space) -> str:
+def _instead(space: spaces.Space[Any]) -> str:
     for kind, agents in _AGENTS_FOR.items():
         if isinstance(space, kind):
             return f"For {kind.__name__} actions use {agents}."

@@ -293,7 +293,7 @@ class SquashedGaussianHead(nn.Module):
         return SquashedDiagGaussian(mean, log_std)
 
 
-def action_head(space: spaces.Space, in_features: int, *, squashed: bool = False, **kwargs: Any) -> nn.Module:
+def action_head(space: spaces.Space[Any], in_features: int, *, squashed: bool = False, **kwargs: Any) -> nn.Module:
     """The policy head for ``space``: categorical, multi-categorical, or (squashed) diagonal Gaussian.
 
     ``squashed=True`` selects the tanh-squashed Gaussian for Box spaces (SAC);
@@ -313,7 +313,7 @@ def action_head(space: spaces.Space, in_features: int, *, squashed: bool = False
     raise TypeError(f"no action head for {type(space).__name__}; supported: Discrete, MultiDiscrete, 1-d Box")
 
 
-def uniform_log_prob(space: spaces.Space) -> float:
+def uniform_log_prob(space: spaces.Space[Any]) -> float:
     """Log-probability of a uniformly random action in policy space (Box: uniform on [-1, 1]^D)."""
     if isinstance(space, spaces.Discrete):
         return -math.log(int(space.n))

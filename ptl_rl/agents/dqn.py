@@ -17,7 +17,7 @@ from gymnasium import spaces
 from torch import nn
 
 from ptl_rl.agents.checks import check_network, check_output_width, check_selector, scores_width, static_output_width
-from ptl_rl.agents.selectors import EpsilonGreedySelector
+from ptl_rl.agents.selectors import EpsilonGreedySelector, Selector
 from ptl_rl.agents.tensors import DeviceOf, obs_to_tensor
 from ptl_rl.core._trees import to_numpy
 from ptl_rl.core.protocols import ObsTree
@@ -99,7 +99,7 @@ class DQNAgent(SelectorHooks):
     action_spaces = (spaces.Discrete,)
 
     def __init__(
-        self, net: nn.Module, selector: Any | None = None, *, action_space: spaces.Space | None = None
+        self, net: nn.Module, selector: Selector | None = None, *, action_space: spaces.Space[Any] | None = None
     ) -> None:
         check_network(net, "DQNAgent")
         check_selector(selector)
@@ -120,7 +120,7 @@ class DQNAgent(SelectorHooks):
         if action_space is not None:
             self.check_action_space(action_space)
 
-    def check_action_space(self, action_space: spaces.Space) -> None:
+    def check_action_space(self, action_space: spaces.Space[Any]) -> None:
         """Check that the network gives one Q-value per action of ``action_space`` (Discrete).
 
         Called by :class:`~ptl_rl.stages.source.ExperienceSource` when it is built.
@@ -143,7 +143,8 @@ class DQNAgent(SelectorHooks):
             getattr(self.selector, "select_lazily", None) if self._width_seen else None
         )
         if select is None or self._num_actions is None or type(obs) is not np.ndarray:
-            return self.selector(self._q_values(obs))
+            actions: np.ndarray = self.selector(self._q_values(obs))
+            return actions
         # the selector decides first who explores: when every env does, no forward pass is needed
         return select(len(obs), self._num_actions, lambda: self._q_values(obs))
 
@@ -153,7 +154,8 @@ class DQNAgent(SelectorHooks):
         if self._num_actions is not None and q.shape[-1] != self._num_actions:
             check_output_width("DQNAgent", int(q.shape[-1]), self._space, "Q-values")
         self._width_seen = True
-        return to_numpy(q)
+        q_values: np.ndarray = to_numpy(q)
+        return q_values
 
 
 class TargetNet(nn.Module):
@@ -176,7 +178,7 @@ class TargetNet(nn.Module):
     def model(self) -> nn.Module:
         return self._source[0]
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:  # (the model's own arguments, whatever they are)
         return self.target(*args, **kwargs)
 
     @torch.no_grad()

@@ -29,10 +29,10 @@ from torch import nn
 
 from ptl_rl.agents.checks import check_output_width, check_selector, scores_width
 from ptl_rl.agents.dqn import SelectorHooks
-from ptl_rl.agents.selectors import EpsilonGreedySelector
+from ptl_rl.agents.selectors import EpsilonGreedySelector, Selector
 from ptl_rl.agents.tensors import DeviceOf, obs_to_tensor
 from ptl_rl.core._trees import to_numpy, tree_leaves
-from ptl_rl.core.protocols import RecurrentQNet
+from ptl_rl.core.protocols import ObsTree, RecurrentQNet
 
 __all__ = ["PerEnvState", "RecurrentCore", "RecurrentDQNAgent"]
 
@@ -237,7 +237,7 @@ class RecurrentDQNAgent(PerEnvState, SelectorHooks):
 
     action_spaces = (spaces.Discrete,)
 
-    def __init__(self, net: nn.Module, selector: Any | None = None, *, state_field: str = "hidden") -> None:
+    def __init__(self, net: nn.Module, selector: Selector | None = None, *, state_field: str = "hidden") -> None:
         if not isinstance(net, nn.Module) or not isinstance(net, RecurrentQNet):
             raise TypeError(
                 f"RecurrentDQNAgent needs a torch module with initial_state(n) and step(obs, state), got "
@@ -252,13 +252,13 @@ class RecurrentDQNAgent(PerEnvState, SelectorHooks):
         self._num_actions: int | None = None
 
     # ------------------------------------------------------------------ acting
-    def check_action_space(self, action_space: spaces.Space) -> None:
+    def check_action_space(self, action_space: spaces.Space[Any]) -> None:
         """Remember the env's number of actions: every call checks the Q-values' width against it."""
         if isinstance(action_space, spaces.Discrete):
             self._num_actions, self._space = scores_width(action_space), action_space
 
     @torch.no_grad()
-    def __call__(self, obs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def __call__(self, obs: ObsTree) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         obs_t = obs_to_tensor(obs, self._device(), self._device.float_dtype())
         state = self._acting_state(len(next(iter(tree_leaves(obs)))[1]), self.net.initial_state)
         q, new_state = self.net.step(obs_t, state)

@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -30,7 +30,8 @@ from ptl_rl.agents.recurrent import PerEnvState
 from ptl_rl.agents.stochastic import StochasticPolicyAgent
 from ptl_rl.agents.tensors import is_tensor_tree, obs_to_tensor
 from ptl_rl.core._trees import to_numpy, tree_leaves, tree_map
-from ptl_rl.core.protocols import RecurrentActorCriticNet
+from ptl_rl.core.batch import TorchBatch
+from ptl_rl.core.protocols import ObsTree, RecurrentActorCriticNet
 
 __all__ = ["RecurrentActorCritic", "RecurrentActorCriticAgent"]
 
@@ -61,14 +62,15 @@ class RecurrentActorCritic(nn.Module):
 
     def initial_state(self, batch_size: int) -> torch.Tensor:
         """Zeros float [batch_size, S]."""
-        return self.core.initial_state(batch_size)
+        state: torch.Tensor = self.core.initial_state(batch_size)
+        return state
 
-    def step(self, obs: Any, state: torch.Tensor) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    def step(self, obs: ObsTree, state: torch.Tensor) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """obs [N, ...] and state [N, S] -> (policy over N, value float [N], new state [N, S])."""
         out, new_state = self.core.step(self.encoder(obs), state)
         return self.policy_head(out), self.value_head(out).reshape(len(out)), new_state
 
-    def unroll(self, obs: Any, state: torch.Tensor, episode_start: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    def unroll(self, obs: ObsTree, state: torch.Tensor, episode_start: torch.Tensor) -> tuple[Any, torch.Tensor]:
         """obs [B, T, ...] from state [B, S], zeroed before flagged positions -> (policy over [B, T], value [B, T])."""
         b, t = episode_start.shape
         features = self.encoder(_merge_time(obs))
@@ -111,7 +113,7 @@ class RecurrentActorCriticAgent(PerEnvState, StochasticPolicyAgent):
     def __init__(
         self,
         net: nn.Module,
-        action_space: spaces.Space,
+        action_space: spaces.Space[Any],
         *,
         greedy: bool = False,
         seed: int | None = None,
@@ -137,14 +139,14 @@ class RecurrentActorCriticAgent(PerEnvState, StochasticPolicyAgent):
             if isinstance(self.action_space, spaces.Discrete):
                 return Categorical(out)
             raise TypeError("for a Box action space the policy head must return a distribution (ptl_rl.action_head)")
-        return out
+        return cast(ActionDistribution, out)  # (a Box space's policy head is an action_head)
 
     def _tensors(self, obs: Any) -> Any:
         if isinstance(obs, torch.Tensor) or (isinstance(obs, dict) and is_tensor_tree(obs)):
             return obs
         return obs_to_tensor(obs, self._actor_device(), self._actor_device.float_dtype())
 
-    def distribution(self, obs: Any) -> ActionDistribution:
+    def distribution(self, obs: ObsTree) -> ActionDistribution:
         raise TypeError(
             "a recurrent policy depends on its state, not on obs alone: use evaluate_sequences(batch) on a "
             "RolloutBuffer(sequence_length=...) minibatch, or net.step(obs, state)"
@@ -152,7 +154,7 @@ class RecurrentActorCriticAgent(PerEnvState, StochasticPolicyAgent):
 
     # ------------------------------------------------------------------ acting
     @torch.inference_mode()  # cheaper than no_grad; the outputs leave as numpy
-    def __call__(self, obs: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def __call__(self, obs: ObsTree) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         obs_t = self._tensors(obs)
         state = self._acting_state(len(next(iter(tree_leaves(obs)))[1]), self.net.initial_state)
         out, value, new_state = self.net.step(obs_t, state)
@@ -177,7 +179,9 @@ class RecurrentActorCriticAgent(PerEnvState, StochasticPolicyAgent):
         return to_numpy(value.float())
 
     # ------------------------------------------------------------------ learning (with gradients)
-    def evaluate_sequences(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def evaluate_sequences(
+        self, batch: TorchBatch | Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(log_prob, entropy, value)``, each float [B, T], of a sequence minibatch under the current weights.
 
         ``batch`` is a :class:`~ptl_rl.replay.RolloutBuffer` minibatch with

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -11,14 +11,19 @@ from ptl_rl.core.ranks import rank_seed
 from ptl_rl.core.schedules import LinearSchedule, Schedule, as_schedule
 from ptl_rl.core.versions import check_version, versioned
 
-__all__ = ["ArgmaxSelector", "EpsilonGreedySelector", "LinearSchedule", "Schedule"]
+__all__ = ["ArgmaxSelector", "EpsilonGreedySelector", "LinearSchedule", "Schedule", "Selector"]
+
+#: What a Q-value agent picks its actions with: ``selector(scores float [N, A]) -> actions int64 [N]`` (optional
+#: hooks: ``on_env_steps``, ``set_rank``, ``state_dict``/``load_state_dict``, ``select_lazily``).
+Selector: TypeAlias = Callable[[np.ndarray], np.ndarray]
 
 
 class ArgmaxSelector:
     """Greedy: ``scores`` float [N, A] -> actions int64 [N]."""
 
     def __call__(self, scores: np.ndarray) -> np.ndarray:
-        return np.asarray(scores).argmax(axis=-1)
+        actions: np.ndarray = np.asarray(scores).argmax(axis=-1)
+        return actions
 
     def on_env_steps(self, total_steps: int) -> None:
         pass
@@ -66,7 +71,8 @@ class EpsilonGreedySelector:
         if n == 1:  # scalar draws: the same stream as random(1) and integers(0, k, 1), at a quarter of the cost
             if self.rng.random() < self.epsilon:
                 return np.array([self.rng.integers(0, num_actions)], dtype=np.int64)
-            return np.asarray(scores()).argmax(axis=-1)
+            actions: np.ndarray = np.asarray(scores()).argmax(axis=-1)
+            return actions
         explore = self.rng.random(n) < self.epsilon
         exploring = int(np.count_nonzero(explore))
         if exploring == n:

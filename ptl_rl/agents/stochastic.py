@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -64,7 +64,7 @@ class StochasticPolicyAgent(SeededAgentState):
     def __init__(
         self,
         actor: nn.Module,
-        action_space: spaces.Space | None = None,
+        action_space: spaces.Space[Any] | None = None,
         *,
         greedy: bool = False,
         warmup_steps: int = 0,
@@ -93,7 +93,7 @@ class StochasticPolicyAgent(SeededAgentState):
         if action_space is not None:
             self._expect_scores(action_space)
 
-    def check_action_space(self, action_space: spaces.Space) -> None:
+    def check_action_space(self, action_space: spaces.Space[Any]) -> None:
         """Check a discrete policy's logits against the env's ``action_space`` (called by ExperienceSource).
 
         An agent built for a space must get one with as many actions; a
@@ -112,7 +112,7 @@ class StochasticPolicyAgent(SeededAgentState):
                 "which has other actions; build the agent (and its action_head) with env.single_action_space"
             )
 
-    def _expect_scores(self, space: spaces.Space) -> None:
+    def _expect_scores(self, space: spaces.Space[Any]) -> None:
         num_scores = scores_width(space)
         if num_scores is None:
             return
@@ -136,7 +136,7 @@ class StochasticPolicyAgent(SeededAgentState):
             if isinstance(self.action_space, spaces.MultiDiscrete):
                 return MultiCategorical(out, self.action_space.nvec)
             raise TypeError("for a Box action space the actor must return a distribution (end it in an action_head)")
-        return out
+        return cast(ActionDistribution, out)  # (a Box space's actor ends in an action_head)
 
     def _check_logits(self, out: Any) -> None:
         """Raw logits, or a Categorical's, of another width than the space's would sample actions it lacks."""
@@ -223,8 +223,17 @@ class ActorCriticAgent(StochasticPolicyAgent):
     gradients.
     """
 
-    def __init__(self, actor: nn.Module, critic: nn.Module, action_space: spaces.Space, **kwargs: Any) -> None:
-        super().__init__(actor, action_space, **kwargs)
+    def __init__(
+        self,
+        actor: nn.Module,
+        critic: nn.Module,
+        action_space: spaces.Space[Any],
+        *,
+        greedy: bool = False,
+        warmup_steps: int = 0,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(actor, action_space, greedy=greedy, warmup_steps=warmup_steps, seed=seed)
         self.critic = critic
         self._critic_device = DeviceOf(critic)
 
@@ -234,7 +243,8 @@ class ActorCriticAgent(StochasticPolicyAgent):
         if not isinstance(obs, torch.Tensor) and not (isinstance(obs, dict) and is_tensor_tree(obs)):
             obs = obs_to_tensor(obs, self._critic_device(), dtype)
         out = self.critic(as_float(obs, dtype))
-        return out.reshape(out.shape[0])
+        values: torch.Tensor = out.reshape(out.shape[0])
+        return values
 
     @torch.inference_mode()  # cheaper than no_grad; the outputs leave as numpy
     def value(self, obs: ObsTree) -> np.ndarray:

@@ -54,7 +54,7 @@ def obs_to_tensor(obs: ObsTree, device: torch.device, float_dtype: torch.dtype =
     return t.to(float_dtype) if t.is_floating_point() and t.dtype != float_dtype else t
 
 
-def is_tensor_tree(obs: dict) -> bool:
+def is_tensor_tree(obs: dict[str, Any]) -> bool:
     """Whether every leaf of the (nested) dict ``obs`` is already a tensor (training batches), not numpy."""
     return all(isinstance(v, torch.Tensor) or (isinstance(v, dict) and is_tensor_tree(v)) for v in obs.values())
 

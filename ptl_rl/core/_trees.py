@@ -8,7 +8,7 @@ the whole package at once.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, overload
 
 import numpy as np
 import torch
@@ -53,6 +53,18 @@ def tree_assign(store: PyTree, index: Any, value: PyTree) -> None:
             tree_assign(store[key], index, value[key])
     else:
         store[index] = value
+
+
+@overload
+def to_numpy(x: torch.Tensor | np.ndarray) -> np.ndarray: ...
+
+
+@overload
+def to_numpy(x: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+@overload
+def to_numpy(x: object) -> Any: ...
 
 
 def to_numpy(x: Any) -> Any:

@@ -13,7 +13,7 @@ Core fields (the field contract, ``docs/contract.rst``): ``obs``, ``action``,
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, KeysView, Mapping, ValuesView
-from typing import Any
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 import numpy as np
 import torch
@@ -38,13 +38,30 @@ CORE_FIELDS = (
 # objects, so the link rides on the ``indices`` tensor too, as an attribute, and leaves with it.
 _FEEDBACK_ATTRIBUTE = "_ptl_rl_priority_feedback"
 
+#: A field of a batch: an array (numpy in a :class:`TransitionBatch`, torch in a :class:`TorchBatch`) or, for
+#: ``Dict`` observations, a (nested) dict of them. (A string: the alias refers to itself.)
+FieldTree: TypeAlias = "np.ndarray | torch.Tensor | Mapping[str, FieldTree]"
 
-def _link_feedback(indices: torch.Tensor, feedback: Any) -> None:
+
+class PriorityLink(Protocol):
+    """The link a batch sampled by priority carries back to its buffer (a :class:`~ptl_rl.replay.PriorityFeedback`).
+
+    ``link(td_errors)`` writes ``|td_errors|`` (float [B]) as the rows' priorities and returns the number of
+    stale rows ignored; ``link.select(index)`` is the link of the rows ``index`` (slice, bool mask or indices).
+    """
+
+    def __call__(self, td_errors: torch.Tensor | np.ndarray, /) -> int: ...
+
+    def select(self, index: np.ndarray | torch.Tensor | slice, /) -> PriorityLink: ...
+
+
+def _link_feedback(indices: torch.Tensor, feedback: PriorityLink) -> None:
     setattr(indices, _FEEDBACK_ATTRIBUTE, feedback)
 
 
-def _linked_feedback(indices: torch.Tensor) -> Any:
-    return getattr(indices, _FEEDBACK_ATTRIBUTE, None)
+def _linked_feedback(indices: torch.Tensor) -> PriorityLink | None:
+    link: PriorityLink | None = getattr(indices, _FEEDBACK_ATTRIBUTE, None)
+    return link
 
 
 class _FieldBatch:
@@ -59,8 +76,10 @@ class _FieldBatch:
     """
 
     __slots__ = ("_feedback", "_fields")
+    _fields: dict[str, Any]  # (declared for the checker: slots, set with object.__setattr__)
+    _feedback: PriorityLink | None
 
-    def __init__(self, fields: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, fields: Mapping[str, FieldTree] | None = None, **kwargs: FieldTree) -> None:
         merged = dict(fields or {})
         merged.update(kwargs)
         object.__setattr__(self, "_fields", merged)
@@ -98,7 +117,7 @@ class _FieldBatch:
     def items(self) -> Iterable[tuple[str, Any]]:
         return self._fields.items()
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str, default: object = None) -> Any:
         return self._fields.get(key, default)
 
     def __len__(self) -> int:
@@ -106,7 +125,8 @@ class _FieldBatch:
         for value in self._fields.values():
             while isinstance(value, dict):
                 value = next(iter(value.values()))
-            return value.shape[0]
+            rows: int = value.shape[0]
+            return rows
         return 0
 
     @property
@@ -130,7 +150,7 @@ class _FieldBatch:
         object.__setattr__(self, "_feedback", None)  # the buffer link does not travel through pickling
 
     # ------------------------------------------------------------------ priority feedback
-    def attach_priority_feedback(self, feedback: Any) -> None:
+    def attach_priority_feedback(self, feedback: PriorityLink) -> None:
         """Link this batch to the prioritized buffer that sampled it (called by the buffer).
 
         ``feedback`` is callable as ``feedback(td_errors) -> int`` and has
@@ -139,7 +159,7 @@ class _FieldBatch:
         """
         object.__setattr__(self, "_feedback", feedback)
 
-    def _pass_feedback(self, new: _FieldBatch, index: Any = None) -> Any:
+    def _pass_feedback(self, new: BatchT, index: np.ndarray | torch.Tensor | slice | None = None) -> BatchT:
         own = self._own_feedback()
         if own is not None:
             feedback = own if index is None else own.select(index)
@@ -149,9 +169,10 @@ class _FieldBatch:
                 _link_feedback(indices, feedback)
         return new
 
-    def _own_feedback(self) -> Any:
-        if self._feedback is not None:
-            return self._feedback
+    def _own_feedback(self) -> PriorityLink | None:
+        own: PriorityLink | None = self._feedback
+        if own is not None:
+            return own
         indices = self._fields.get("indices")
         return _linked_feedback(indices) if isinstance(indices, torch.Tensor) else None
 
@@ -179,6 +200,9 @@ def _from_numpy(tree: Any) -> Any:
     if isinstance(tree, Mapping):
         return {k: _from_numpy(v) for k, v in tree.items()}
     return torch.as_tensor(tree)
+
+
+BatchT = TypeVar("BatchT", bound=_FieldBatch)
 
 
 class TransitionBatch(_FieldBatch):
@@ -233,7 +257,7 @@ class TransitionBatch(_FieldBatch):
             return self._pass_feedback(TorchBatch({k: _from_numpy(v) for k, v in self._fields.items()}))
 
         def convert(a: np.ndarray) -> torch.Tensor:
-            t = _from_numpy(a)
+            t: torch.Tensor = _from_numpy(a)
             if pin_memory:
                 t = t.pin_memory()
             return t if device is None else t.to(device, non_blocking=pin_memory)
@@ -265,7 +289,7 @@ class TorchBatch(_FieldBatch):
 
     __slots__ = ("_transfer_clock",)
 
-    def __init__(self, fields: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, fields: Mapping[str, FieldTree] | None = None, **kwargs: FieldTree) -> None:
         super().__init__(fields, **kwargs)
         object.__setattr__(self, "_transfer_clock", None)
 

@@ -6,9 +6,10 @@ stage of your own is walked, checkpointed and found like ptl_rl's.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from ptl_rl.core.protocols import ActingStage, EpisodeCounter, ReplayStage, StageLike, Stateful
+from ptl_rl.core.protocols import ActingStage, EpisodeCounter, Pipeline, ReplayStage, StageLike, Stateful
 from ptl_rl.core.stage import Stage
 
 PIPELINE_STATE_VERSION = 1
@@ -16,7 +17,7 @@ PIPELINE_STATE_VERSION = 1
 StageT = TypeVar("StageT")
 
 
-def pipeline_stages(last: Any) -> list[Any]:
+def pipeline_stages(last: Pipeline) -> list[object]:
     """The stages of a pipeline, source first, found by following ``.upstream`` from ``last``.
 
     Every :class:`~ptl_rl.core.protocols.StageLike` is followed to its ``upstream``; an
@@ -24,16 +25,15 @@ def pipeline_stages(last: Any) -> list[Any]:
     first element. ``last`` may also be a DataLoader made by
     :func:`~ptl_rl.lightning.to_dataloader`.
     """
-    last = getattr(getattr(last, "dataset", None), "pipeline", last)  # the loader's PipelineDataset
     stages = []
-    stage = last
+    stage: object = getattr(getattr(last, "dataset", None), "pipeline", last)  # the loader's PipelineDataset
     while stage is not None:
         stages.append(stage)
         stage = stage.upstream if isinstance(stage, StageLike) else None
     return stages[::-1]
 
 
-def find_stage(last: Any, kind: type[StageT]) -> StageT:
+def find_stage(last: Pipeline, kind: type[StageT]) -> StageT:
     """The first stage of type ``kind`` in the pipeline ending at ``last``."""
     for stage in pipeline_stages(last):
         if isinstance(stage, kind):
@@ -41,12 +41,12 @@ def find_stage(last: Any, kind: type[StageT]) -> StageT:
     raise ValueError(f"the pipeline {[type(s).__name__ for s in pipeline_stages(last)]} has no {kind.__name__}")
 
 
-def find_acting_stage(last: Any) -> ActingStage | None:
+def find_acting_stage(last: Pipeline) -> ActingStage | None:
     """The nearest stage at or before ``last`` that steps envs with an agent (an ExperienceSource); ``None`` if none."""
     return next((stage for stage in reversed(pipeline_stages(last)) if isinstance(stage, ActingStage)), None)
 
 
-def find_episode_source(last: Any) -> EpisodeCounter:
+def find_episode_source(last: Pipeline) -> EpisodeCounter:
     """The first stage that counts env steps and episodes: an ExperienceSource, or a stage standing in for one.
 
     An :class:`~ptl_rl.distributed.AsyncSource` or a Ray worker stage collects
@@ -62,12 +62,12 @@ def find_episode_source(last: Any) -> EpisodeCounter:
     )
 
 
-def holds_replay(stage: Any) -> bool:
+def holds_replay(stage: object) -> bool:
     """Whether ``stage`` stores replay contents (a :class:`~ptl_rl.core.protocols.ReplayStage`: a replay buffer)."""
     return isinstance(stage, ReplayStage)
 
 
-def _stateful_stages(last: Any, include_replay: bool) -> dict[str, Any]:
+def _stateful_stages(last: Pipeline, include_replay: bool) -> dict[str, Stateful]:
     return {
         f"{i}:{type(stage).__name__}": stage
         for i, stage in enumerate(pipeline_stages(last))
@@ -75,7 +75,7 @@ def _stateful_stages(last: Any, include_replay: bool) -> dict[str, Any]:
     }
 
 
-def pipeline_state_dict(last: Any, include_replay: bool = True) -> dict[str, Any]:
+def pipeline_state_dict(last: Pipeline, include_replay: bool = True) -> dict[str, Any]:
     """State of every :class:`~ptl_rl.core.protocols.Stateful` stage, keyed ``"<position>:<class name>"``.
 
     With ``include_replay=False`` replay buffers are left out: after a restore
@@ -90,7 +90,7 @@ def pipeline_state_dict(last: Any, include_replay: bool = True) -> dict[str, Any
     }
 
 
-def load_pipeline_state_dict(last: Any, state: dict[str, Any]) -> None:
+def load_pipeline_state_dict(last: Pipeline, state: Mapping[str, Any]) -> None:
     """Restore what :func:`pipeline_state_dict` saved into a pipeline of the same shape."""
     if "version" not in state:  # written before the state had a version: the stages' states at top level
         state = {"version": 0, "include_replay": True, "stages": state}

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-from typing import Any
 
 from ptl_rl.core.chain import pipeline_stages
 from ptl_rl.core.clock import StageClock, perf_counter_ns
-from ptl_rl.core.protocols import Timed
+from ptl_rl.core.protocols import Pipeline, Timed
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,7 @@ class PipelineProfile:
         )
 
 
-def profile(last_stage: Any) -> PipelineProfile:
+def profile(last_stage: Pipeline) -> PipelineProfile:
     """The per-stage time table of the pipeline ending at ``last_stage`` (a stage or a ``to_dataloader`` loader).
 
     Each stage's own time is its inclusive ``next()`` time minus that of its

@@ -13,13 +13,11 @@ does nothing, so a restored RNG state is never re-seeded.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch.distributed as dist
 
 from ptl_rl.core.chain import pipeline_stages
-from ptl_rl.core.protocols import RankAware
+from ptl_rl.core.protocols import Pipeline, RankAware
 
 
 def rank_seed(seed: int | None, rank: int) -> int | None:
@@ -36,7 +34,7 @@ def distributed_rank() -> tuple[int, int]:
     return 0, 1
 
 
-def assign_rank(pipeline: Any, rank: int) -> None:
+def assign_rank(pipeline: Pipeline, rank: int) -> None:
     """Give every :class:`~ptl_rl.core.protocols.RankAware` stage of ``pipeline`` (and the source's agent) its rank."""
     for stage in pipeline_stages(pipeline):
         if isinstance(stage, RankAware):

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar, cast
 
 from ptl_rl.core import guard
@@ -81,15 +81,18 @@ class Stage(Generic[T_co]):
             return copy.deepcopy(cast(Stateful, self).state_dict())
         return None
 
-    def restore(self, snapshot: Any) -> None:
-        """Put back what :meth:`snapshot` returned (called before the step after one that was cut short)."""
-        if snapshot is not None:
-            cast(Stateful, self).load_state_dict(snapshot)
+    def restore(self, snapshot: object) -> None:
+        """Put back what :meth:`snapshot` returned (called before the step after one that was cut short).
 
-    def count(self, out: Any) -> int:
+        ``snapshot`` is ``object``: whatever this stage's :meth:`snapshot` made (an override casts it to that).
+        """
+        if snapshot is not None:
+            cast(Stateful, self).load_state_dict(cast(Mapping[str, Any], snapshot))
+
+    def count(self, out: object) -> int:
         """Items of one output, for the clock: its rows (override for a stage that yields something else)."""
         try:
-            return len(out)
+            return len(out)  # type: ignore[arg-type]  # an output without a length is one item (below)
         except TypeError:
             return 1
 

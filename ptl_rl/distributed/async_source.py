@@ -153,7 +153,7 @@ class AsyncSource(RemoteEpisodes):
         self._stop: Any = None
         self._shared = SharedWeights(self._ctx)  # the weights the collector acts with, and their version
         self._first_batch_seen = False
-        self._stashed: tuple | None = None  # a message read while checking on a collector that had exited
+        self._stashed: tuple[Any, ...] | None = None  # a message read while checking on a collector that had exited
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -297,8 +297,9 @@ class AsyncSource(RemoteEpisodes):
             self.close()
             raise
 
-    def _receive(self) -> tuple:
+    def _receive(self) -> tuple[Any, ...]:
         waited = 0.0
+        message: tuple[Any, ...]  # (a collector's message: its kind first)
         while True:
             if self._stashed is not None:  # read by _raise_if_dead from a collector that had exited
                 message, self._stashed = self._stashed, None

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from ptl_rl.core.chain import pipeline_stages
-from ptl_rl.lightning._compat import Callback
+from ptl_rl.core.protocols import Pipeline
+from ptl_rl.lightning._compat import Callback, ModuleLike, TrainerLike
 
 
-def find_collecting_stage(pipeline: Any) -> Any:
+def find_collecting_stage(pipeline: Pipeline) -> Any:
     """The stage of ``pipeline`` that collects elsewhere and takes weights (it has ``push_weights``)."""
     for stage in pipeline_stages(pipeline):
         if callable(getattr(stage, "push_weights", None)):
@@ -39,7 +40,7 @@ class WeightSync(Callback):
     :class:`~ptl_rl.lightning.PipelineCheckpoint` like any stage's.
     """
 
-    def __init__(self, pipeline: Any, every_n_steps: int = 1, log: bool = True) -> None:
+    def __init__(self, pipeline: Pipeline, every_n_steps: int = 1, log: bool = True) -> None:
         super().__init__()
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
@@ -47,7 +48,7 @@ class WeightSync(Callback):
         self.every_n_steps = int(every_n_steps)
         self.log = bool(log)
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+    def on_train_batch_end(self, trainer: TrainerLike, pl_module: ModuleLike, *args: object) -> None:
         if trainer.global_step % self.every_n_steps == 0:
             self.stage.push_weights()
         if self.log:
@@ -59,11 +60,11 @@ class WeightSync(Callback):
                 batch_size=1,
             )
 
-    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+    def on_exception(self, trainer: TrainerLike, pl_module: ModuleLike, exception: BaseException) -> None:
         self.stage.close()
 
-    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_fit_end(self, trainer: TrainerLike, pl_module: ModuleLike) -> None:
         self.stage.close()
 
-    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def teardown(self, trainer: TrainerLike, pl_module: ModuleLike, stage: str) -> None:
         self.stage.close()

@@ -38,7 +38,7 @@ def _learner_alive() -> bool:
     return parent is None or parent.is_alive()
 
 
-def _put(data_q: Any, message: tuple, stop: Any) -> bool:
+def _put(data_q: Any, message: tuple[Any, ...], stop: Any) -> bool:
     """Put ``message``, waiting while the queue is full; ``False`` when told to stop or orphaned."""
     while not stop.is_set() and _learner_alive():
         try:

@@ -77,7 +77,7 @@ class Collector(NamedTuple):
     policy: Any = None
 
 
-Factory = Callable[[WorkerInfo], "Collector | tuple[Any, Any]"]
+Factory = Callable[[WorkerInfo], Collector | tuple[Any, Any]]
 
 
 class VersionStampingAgent:

@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 from ptl_rl.distributed.common import Factory
 
-LIVE: weakref.WeakSet = weakref.WeakSet()  # the sources (anything with close()) whose collector may be running
+LIVE: weakref.WeakSet[Any] = weakref.WeakSet()  # the sources (anything with close()) whose collector may be running
 
 
 @atexit.register

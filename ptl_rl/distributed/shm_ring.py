@@ -30,7 +30,7 @@ _ALIGN = 64  # every block starts on a cache line, so any dtype's view is aligne
 MIN_RING_BYTES = 1024  # arrays smaller than this (per message) stay in the pickle: the ring would not pay
 
 
-class RingRef(tuple):
+class RingRef(tuple[Any, ...]):
     """Stands for an array in the ring: ``(start position, end position, shape, dtype string)``."""
 
     __slots__ = ()

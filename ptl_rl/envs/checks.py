@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -17,12 +17,12 @@ NEXT_STEP, SAME_STEP, DISABLED = "NextStep", "SameStep", "Disabled"
 AUTORESET_MODES = (NEXT_STEP, SAME_STEP, DISABLED)
 
 
-def is_vector_env(env: Any) -> bool:
+def is_vector_env(env: object) -> bool:
     """Whether ``env`` has the vector API (``num_envs`` and ``single_observation_space``)."""
     return hasattr(env, "num_envs") and hasattr(env, "single_observation_space")
 
 
-def check_env_api(env: Any) -> None:
+def check_env_api(env: object) -> None:
     """Raise ``TypeError`` unless ``env`` has gymnasium's API (``reset``, ``step`` and the two spaces)."""
     missing = [name for name in ("reset", "step", "observation_space", "action_space") if not hasattr(env, name)]
     if missing:
@@ -40,7 +40,7 @@ OLD_GYM_FIX = "Port it to gymnasium, or wrap it with shimmy's GymV21Compatibilit
 SEED_KEYWORD_ERROR = re.compile(r"reset\(\) (got an unexpected keyword argument 'seed'|takes no keyword arguments)")
 
 
-def _takes_seed(reset: Any) -> bool:
+def _takes_seed(reset: Callable[..., object]) -> bool:
     """Whether ``reset`` accepts ``seed=`` (a ``seed`` parameter or ``**kwargs``); ``True`` when it cannot be told."""
     try:
         parameters = inspect.signature(reset).parameters.values()
@@ -49,14 +49,14 @@ def _takes_seed(reset: Any) -> bool:
     return any(p.name == "seed" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
-def _old_gym_layer(env: Any) -> Any:
+def _old_gym_layer(env: object) -> object | None:
     """The first layer of ``env`` whose ``reset`` takes no ``seed`` keyword, else ``None``.
 
     Follows the wrappers (``.env``) down to the innermost env, and the sub-envs of a vector env that holds
     them (``.envs`` of a ``SyncVectorEnv``): a gymnasium wrapper around a gym 0.21 env takes ``seed`` itself
     and fails only when it hands it on.
     """
-    layers: list[Any] = [env]
+    layers: list[object] = [env]
     seen: set[int] = set()
     while layers and len(seen) < 256:
         layer = layers.pop()
@@ -73,7 +73,7 @@ def _old_gym_layer(env: Any) -> Any:
     return None
 
 
-def _attribute(obj: Any, name: str) -> Any:
+def _attribute(obj: object, name: str) -> Any:
     """``obj.name``, or ``None`` when it is missing or reading it raises (a property of the user's env)."""
     try:
         return getattr(obj, name, None)
@@ -81,7 +81,7 @@ def _attribute(obj: Any, name: str) -> Any:
         return None
 
 
-def check_reset_api(env: Any) -> None:
+def check_reset_api(env: object) -> None:
     """Raise ``TypeError`` naming the fix if ``env`` (or a layer or sub-env of it) has an old gym ``reset()``."""
     old = _old_gym_layer(env)
     if old is None:
@@ -106,7 +106,7 @@ def reset_type_error(exc: TypeError) -> TypeError | None:
     )
 
 
-def autoreset_mode_of(env: Any, override: str | None) -> str:
+def autoreset_mode_of(env: object, override: str | None) -> str:
     """The vector env's autoreset mode (``override`` if given), one of :data:`AUTORESET_MODES`."""
     mode = override if override is not None else getattr(env, "metadata", {}).get("autoreset_mode", NEXT_STEP)
     mode = getattr(mode, "value", mode)  # gymnasium.vector.AutoresetMode or its string value
@@ -115,7 +115,7 @@ def autoreset_mode_of(env: Any, override: str | None) -> str:
     return str(mode)
 
 
-def has_float64(space: Any) -> bool:
+def has_float64(space: object) -> bool:
     """Whether ``space`` (or a subspace of a ``Dict``) holds float64 observations."""
     spaces = getattr(space, "spaces", None)
     if isinstance(spaces, Mapping):

@@ -30,14 +30,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from ptl_rl.core.protocols import EnvLike
+
+if TYPE_CHECKING:
+    from gymnasium import spaces
 
 _INSTALL_HINT = "pip install 'ptl_rl[envpool]'"
 
 
-def is_envpool(env: Any) -> bool:
+def is_envpool(env: object) -> bool:
     """Whether ``env`` is an EnvPool pool (checked without importing envpool)."""
     return any(cls.__module__.startswith("envpool") for cls in type(env).__mro__)
 
@@ -63,26 +68,28 @@ class EnvPoolVectorEnv:
     metadata = {"autoreset_mode": "NextStep"}  # ptl_rl.stages.source.NEXT_STEP
     copy = True  # EnvPool hands out fresh arrays at every step: no copy needed (tested)
 
-    def __init__(self, env: Any, **make_kwargs: Any) -> None:
+    def __init__(self, env: EnvLike | str, **make_kwargs: object) -> None:
         name = env if isinstance(env, str) else type(env).__name__
+        # (Any: a pool's config, spec and close are EnvPool's own, outside the Env protocol)
+        pool: Any = env
         if isinstance(env, str):
             try:
                 import envpool
             except ImportError as exc:  # pragma: no cover - depends on the installation
                 raise ImportError(f"EnvPoolVectorEnv needs envpool: {_INSTALL_HINT}") from exc
-            env = envpool.make(env, env_type="gymnasium", **make_kwargs)
+            pool = envpool.make(env, env_type="gymnasium", **make_kwargs)
         elif make_kwargs:
             raise TypeError(
                 f"make_kwargs {sorted(make_kwargs)} only apply with a task id; this pool is already made. "
                 "Pass them to envpool.make, or pass the task id instead of the pool."
             )
-        _check_pool(env)
-        self.pool = env
-        self.num_envs = int(env.config["num_envs"])
-        self.single_observation_space = env.observation_space
-        self.single_action_space = env.action_space
-        self.observation_space = _batched(env.observation_space, self.num_envs)
-        self.action_space = _batched(env.action_space, self.num_envs)
+        _check_pool(pool)
+        self.pool = pool
+        self.num_envs = int(pool.config["num_envs"])
+        self.single_observation_space = pool.observation_space
+        self.single_action_space = pool.action_space
+        self.observation_space = _batched(pool.observation_space, self.num_envs)
+        self.action_space = _batched(pool.action_space, self.num_envs)
         self.spec = SimpleNamespace(id=name)  # what reprs and logs name the env by; EnvPool's spec is pool.spec
         self.closed = False
         self._untouched = True  # not reset or stepped since made: its seeds are still those it was made with
@@ -108,14 +115,14 @@ class EnvPoolVectorEnv:
         self._check_order(info)
         return obs, info
 
-    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    def step(self, actions: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """One step of every sub-env; rows in sub-env order, reward as float32."""
         obs, reward, terminated, truncated, info = self.pool.step(actions)
         self._untouched = False
         self._check_order(info)
         return obs, np.asarray(reward, dtype=np.float32), terminated, truncated, info
 
-    def close(self, **kwargs: Any) -> None:
+    def close(self, **kwargs: object) -> None:
         """Close the pool (idempotent)."""
         if not self.closed:
             self.pool.close()
@@ -148,7 +155,7 @@ class EnvPoolVectorEnv:
             )
 
 
-def _check_pool(env: Any) -> None:
+def _check_pool(env: object) -> None:
     config = getattr(env, "config", None)
     if not is_envpool(env) or not isinstance(config, dict) or not hasattr(env, "spec"):
         raise TypeError(
@@ -175,7 +182,7 @@ def _check_pool(env: Any) -> None:
         )
 
 
-def check_autoreset_mode(env: Any, mode: str) -> None:
+def check_autoreset_mode(env: object, mode: str) -> None:
     """Refuse, before the first step, an autoreset mode other than next-step for an EnvPool env.
 
     ``mode`` is the mode ExperienceSource will serve (``"NextStep"``,
@@ -192,12 +199,12 @@ def check_autoreset_mode(env: Any, mode: str) -> None:
         )
 
 
-def _batched(space: Any, n: int) -> Any:
+def _batched(space: spaces.Space[Any], n: int) -> spaces.Space[Any]:
     from gymnasium.vector.utils import batch_space
 
     return batch_space(space, n)
 
 
-def as_vector_env(env: Any) -> Any:
+def as_vector_env(env: EnvLike) -> EnvLike:
     """``env`` itself, or an :class:`EnvPoolVectorEnv` around it when it is an EnvPool pool."""
     return EnvPoolVectorEnv(env) if is_envpool(env) and not isinstance(env, EnvPoolVectorEnv) else env

@@ -4,14 +4,14 @@ the late answers of a call an interrupt cut in two.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
+
+from ptl_rl.core.protocols import EnvLike
 
 _ASYNC_DRAIN_TIMEOUT_S = 10.0  # how long an interrupted AsyncVectorEnv call may take to finish
 
 
-def note_failed_sub_env(env: Any, is_vector: bool, env_ids: np.ndarray, exc: BaseException) -> None:
+def note_failed_sub_env(env: EnvLike, is_vector: bool, env_ids: np.ndarray, exc: BaseException) -> None:
     """Add a note to ``exc`` naming the sub-env whose ``step()`` raised it, where that can be known."""
     index = None
     pipes = getattr(env, "parent_pipes", None)
@@ -38,7 +38,7 @@ def note_failed_sub_env(env: Any, is_vector: bool, env_ids: np.ndarray, exc: Bas
     exc.add_note(note)
 
 
-def check_env_usable(env: Any) -> None:
+def check_env_usable(env: EnvLike) -> None:
     """Raise ``RuntimeError`` naming the fix if ``env`` is closed or a worker of it was shut down."""
     pipes = getattr(env, "parent_pipes", None) or ()
     dead = [i for i, pipe in enumerate(pipes) if pipe is None]
@@ -51,7 +51,7 @@ def check_env_usable(env: Any) -> None:
         )
 
 
-def finish_pending_async_call(env: Any) -> None:
+def finish_pending_async_call(env: EnvLike) -> None:
     """After an interrupt between an AsyncVectorEnv's ``*_async`` and ``*_wait`` calls, drop the answers.
 
     Without this the workers' late answers would sit in the pipes and be read as the answers
@@ -68,4 +68,4 @@ def finish_pending_async_call(env: Any) -> None:
     for pipe in getattr(env, "parent_pipes", None) or ():
         while pipe is not None and pipe.poll():
             pipe.recv()
-    env._state = type(state)("default")
+    setattr(env, "_state", type(state)("default"))  # noqa: B010 - AsyncVectorEnv's own, outside the protocol

@@ -90,7 +90,7 @@ def mlp(in_features: int, hidden: int) -> nn.Sequential:
     )
 
 
-def actor_critic(obs_dim: int, action_space: gym.Space, hidden: int) -> tuple[nn.Module, nn.Module]:
+def actor_critic(obs_dim: int, action_space: gym.Space[Any], hidden: int) -> tuple[nn.Module, nn.Module]:
     """The policy (obs -> action distribution) and the value (obs -> float [B, 1]) networks."""
     actor = nn.Sequential(mlp(obs_dim, hidden), ptl_rl.action_head(action_space, hidden))
     critic = nn.Sequential(mlp(obs_dim, hidden), layer_init(nn.Linear(hidden, 1), gain=1.0))
@@ -101,7 +101,7 @@ def actor_critic(obs_dim: int, action_space: gym.Space, hidden: int) -> tuple[nn
 class A2C(pl.LightningModule):
     hparams: AttributeDict  # what save_hyperparameters() makes it (Lightning's property is typed wider)
 
-    def __init__(self, obs_dim: int, action_space: gym.Space, args: argparse.Namespace) -> None:
+    def __init__(self, obs_dim: int, action_space: gym.Space[Any], args: argparse.Namespace) -> None:
         super().__init__()
         self.save_hyperparameters(vars(args))
         self.actor, self.critic = actor_critic(obs_dim, action_space, args.hidden)
@@ -114,7 +114,7 @@ class A2C(pl.LightningModule):
         # the data is from these very weights, so no importance ratio: plain policy gradient
         pg_loss = -(batch.advantage * log_prob).mean()
         v_loss = 0.5 * (value - batch.returns).square().mean()  # returns: critic-bootstrapped n-step returns
-        loss = pg_loss + hp.vf_coef * v_loss - hp.ent_coef * entropy.mean()
+        loss: torch.Tensor = pg_loss + hp.vf_coef * v_loss - hp.ent_coef * entropy.mean()
         if (batch_idx + 1) % hp.log_every == 0:  # each self.log call costs about 0.5 ms
             self.log_dict(
                 {"train/pg_loss": pg_loss, "train/v_loss": v_loss, "train/entropy": entropy.mean()},
@@ -132,7 +132,7 @@ def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
 
 
-def greedy_agent(actor: nn.Module, action_space: gym.Space) -> ptl_rl.StochasticPolicyAgent:
+def greedy_agent(actor: nn.Module, action_space: gym.Space[Any]) -> ptl_rl.StochasticPolicyAgent:
     """The policy's mode (argmax / Gaussian mean)."""
     return ptl_rl.StochasticPolicyAgent(actor, action_space, greedy=True)
 

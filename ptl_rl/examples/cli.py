@@ -208,7 +208,7 @@ def time_limit(text: str) -> float:
 def parse(
     parser: argparse.ArgumentParser,
     argv: Sequence[str] | None,
-    action_spaces: tuple[type[spaces.Space], ...],
+    action_spaces: tuple[type[spaces.Space[Any]], ...],
     algorithm: str,
     *,
     solved_returns: Mapping[str, float] | None = None,
@@ -282,7 +282,7 @@ def check_video(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 def check_env(
     parser: argparse.ArgumentParser,
     env_id: str,
-    action_spaces: tuple[type[spaces.Space], ...],
+    action_spaces: tuple[type[spaces.Space[Any]], ...],
     algorithm: str,
     *,
     flat_box_actions: bool = True,

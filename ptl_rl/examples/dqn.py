@@ -166,7 +166,8 @@ class QNetwork(nn.Module):
         self.net = nn.Sequential(*mlp_trunk(obs_dim, hidden), nn.Linear(hidden_widths(hidden)[1], num_actions))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs.flatten(1).float())
+        q: torch.Tensor = self.net(obs.flatten(1).float())
+        return q
 
 
 class DuelingQNetwork(nn.Module):
@@ -183,7 +184,8 @@ class DuelingQNetwork(nn.Module):
         features = self.trunk(obs.flatten(1).float())
         advantage = self.advantage(features)
         # subtracting the mean advantage makes V and A identifiable
-        return self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)
+        q: torch.Tensor = self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)
+        return q
 
 
 # ---------------------------------------------------------------------------- learner
@@ -211,7 +213,8 @@ class DQN(pl.LightningModule):
         self.target_net = ptl_rl.TargetNet(self.q_net)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.q_net(obs)
+        q: torch.Tensor = self.q_net(obs)
+        return q
 
     def td_loss(self, batch: ptl_rl.TorchBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(Huber loss of the TD errors, Q(obs, action) float [B]) for a batch of B transitions."""

@@ -139,7 +139,8 @@ class CNNQNetwork(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         # pixels travel as uint8 (1 byte each); scale on the device the network lives on
         x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
-        return self.head(self.features(x))
+        q: torch.Tensor = self.head(self.features(x))
+        return q
 
 
 class AtariDQN(DQN):

@@ -133,7 +133,7 @@ def expert_agent(noise: float, seed: int) -> Callable[[np.ndarray], np.ndarray]:
     rng = np.random.default_rng(seed)
 
     def act(obs: np.ndarray) -> np.ndarray:
-        actions = (obs @ PD_GAINS > 0).astype(np.int64)
+        actions: np.ndarray = (obs @ PD_GAINS > 0).astype(np.int64)
         explore = rng.random(len(actions)) < noise
         actions[explore] = rng.integers(0, 2, size=int(explore.sum()))
         return actions
@@ -178,7 +178,8 @@ class BehaviourCloning(pl.LightningModule):
         )
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.policy(obs.flatten(1).float())
+        logits: torch.Tensor = self.policy(obs.flatten(1).float())
+        return logits
 
     def training_step(self, batch: ptl_rl.TorchBatch, batch_idx: int) -> torch.Tensor:
         logits = self(batch.obs)
@@ -199,7 +200,8 @@ def greedy_agent(policy: nn.Module) -> Callable[[np.ndarray], np.ndarray]:
 
     def greedy(obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            return policy(torch.as_tensor(obs).float()).argmax(dim=1).numpy()
+            actions: np.ndarray = policy(torch.as_tensor(obs).float()).argmax(dim=1).numpy()
+            return actions
 
     return greedy
 

@@ -29,7 +29,8 @@ class CartPoleNoVelocity(gym.ObservationWrapper):
         self.observation_space = spaces.Box(box.low[self.KEEP], box.high[self.KEEP], dtype=np.float32)
 
     def observation(self, observation: np.ndarray) -> np.ndarray:
-        return observation[self.KEEP].astype(np.float32)
+        kept: np.ndarray = observation[self.KEEP].astype(np.float32)
+        return kept
 
 
 def make_cartpole_no_velocity(**kwargs: Any) -> gym.Env:

@@ -156,7 +156,7 @@ def mlp(in_features: int, hidden: int) -> nn.Sequential:
 
 
 def actor_critic(
-    obs_dim: int, action_space: gym.Space, hidden: int, squashed: bool = False
+    obs_dim: int, action_space: gym.Space[Any], hidden: int, squashed: bool = False
 ) -> tuple[nn.Module, nn.Module]:
     """The policy (obs -> action distribution) and the value (obs -> float [B, 1]) networks.
 
@@ -173,7 +173,7 @@ def actor_critic(
 class PPO(pl.LightningModule):
     hparams: AttributeDict  # what save_hyperparameters() makes it (Lightning's property is typed wider)
 
-    def __init__(self, obs_dim: int, action_space: gym.Space, args: argparse.Namespace, num_rollouts: int) -> None:
+    def __init__(self, obs_dim: int, action_space: gym.Space[Any], args: argparse.Namespace, num_rollouts: int) -> None:
         super().__init__()
         self.save_hyperparameters(vars(args))
         self.num_rollouts = num_rollouts
@@ -220,7 +220,7 @@ class PPO(pl.LightningModule):
             clipped = batch.value + (value - batch.value).clamp(-hp.clip_coef, hp.clip_coef)
             v_loss = torch.max(v_loss, (clipped - batch.returns).square())
         v_loss = v_loss.mean()
-        loss = pg_loss + hp.vf_coef * v_loss - hp.ent_coef * entropy.mean()
+        loss: torch.Tensor = pg_loss + hp.vf_coef * v_loss - hp.ent_coef * entropy.mean()
         if (batch_idx + 1) % self.batches_per_rollout == 0:  # after a rollout's last update (a log costs ~0.5 ms)
             with torch.no_grad():
                 approx_kl = ((ratio - 1) - log_ratio).mean()
@@ -247,7 +247,7 @@ def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
 
 
-def greedy_agent(actor: nn.Module, action_space: gym.Space, obs_norm: ptl_rl.ObservationNormalizer | None) -> Any:
+def greedy_agent(actor: nn.Module, action_space: gym.Space[Any], obs_norm: ptl_rl.ObservationNormalizer | None) -> Any:
     """The policy's mode (argmax / Gaussian mean); with ``--norm-obs`` it sees observations normalized alike."""
     agent = ptl_rl.StochasticPolicyAgent(actor, action_space, greedy=True)
     return agent if obs_norm is None else obs_norm.wrap_agent(agent)  # the statistics frozen as they are now

@@ -255,7 +255,8 @@ class R2D2(pl.LightningModule):
     def _step_all(net: RecurrentQNetwork, obs: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
         """Q-values [B, L, A] of obs [B, L, ...], each position from its own state [B, L, S]: one batched step."""
         flat_q = net.step(obs.flatten(0, 1), states.flatten(0, 1))[0]
-        return flat_q.unflatten(0, obs.shape[:2])
+        q: torch.Tensor = flat_q.unflatten(0, obs.shape[:2])
+        return q
 
     def training_step(self, batch: ptl_rl.TorchBatch, batch_idx: int) -> torch.Tensor:
         loss, q_taken = self.td_loss(batch)

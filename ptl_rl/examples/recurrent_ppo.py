@@ -151,7 +151,9 @@ class Half(nn.Module):
         return x[..., self.part]
 
 
-def network(obs_bound: list[float], action_space: gym.Space, hidden: int, core: str) -> ptl_rl.RecurrentActorCritic:
+def network(
+    obs_bound: list[float], action_space: gym.Space[Any], hidden: int, core: str
+) -> ptl_rl.RecurrentActorCritic:
     """Scaled obs -> a policy cell and a value cell (LSTM/GRU, or ReLU layers) -> one ReLU layer each -> the heads.
 
     rl-baselines3-zoo's RecurrentPPO network for CartPole without velocities: LSTM(64) per head, then
@@ -174,7 +176,7 @@ class RecurrentPPO(pl.LightningModule):
     hparams: AttributeDict  # what save_hyperparameters() makes it
 
     def __init__(
-        self, obs_bound: list[float], action_space: gym.Space, args: argparse.Namespace, num_rollouts: int
+        self, obs_bound: list[float], action_space: gym.Space[Any], args: argparse.Namespace, num_rollouts: int
     ) -> None:
         super().__init__()
         self.save_hyperparameters(vars(args))
@@ -213,14 +215,15 @@ class RecurrentPPO(pl.LightningModule):
         rows = mask.sum()
 
         def mean(x: torch.Tensor) -> torch.Tensor:  # over the real rows only: padding repeats rows
-            return (x * mask).sum() / rows
+            mean: torch.Tensor = (x * mask).sum() / rows
+            return mean
 
         log_ratio = log_prob - batch.log_prob
         ratio = log_ratio.exp()
         clip = hp.clip_coef * (1.0 - self.progress()) if hp.anneal else hp.clip_coef
         pg_loss = mean(torch.max(-batch.advantage * ratio, -batch.advantage * ratio.clamp(1 - clip, 1 + clip)))
         v_loss = mean((value - batch.returns).square())
-        loss = pg_loss + hp.vf_coef * v_loss - hp.ent_coef * mean(entropy)
+        loss: torch.Tensor = pg_loss + hp.vf_coef * v_loss - hp.ent_coef * mean(entropy)
         if (batch_idx + 1) % self.batches_per_rollout == 0:  # after a rollout's last update
             with torch.no_grad():
                 approx_kl = mean((ratio - 1) - log_ratio)
@@ -245,7 +248,7 @@ def make_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
 
 
-def greedy_agent(net: nn.Module, action_space: gym.Space) -> ptl_rl.RecurrentActorCriticAgent:
+def greedy_agent(net: nn.Module, action_space: gym.Space[Any]) -> ptl_rl.RecurrentActorCriticAgent:
     """The policy's mode with a fresh agent on the same network: its per-env states are its own."""
     return ptl_rl.RecurrentActorCriticAgent(net, action_space, greedy=True)
 

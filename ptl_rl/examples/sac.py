@@ -146,12 +146,12 @@ def _goal_recipe(env_id: str) -> str | None:
     return "FetchReach" if env_id.rpartition(":")[2].startswith("FetchReach") else None
 
 
-def is_goal_space(space: spaces.Space) -> bool:
+def is_goal_space(space: spaces.Space[Any]) -> bool:
     """Whether ``space`` is a goal env's observation: a Dict of Boxes with the keys of :data:`GOAL_KEYS`."""
     return isinstance(space, spaces.Dict) and all(isinstance(space.spaces.get(key), spaces.Box) for key in GOAL_KEYS)
 
 
-def check_observations(p: argparse.ArgumentParser, args: argparse.Namespace, space: spaces.Space) -> None:
+def check_observations(p: argparse.ArgumentParser, args: argparse.Namespace, space: spaces.Space[Any]) -> None:
     """Resolve ``--her`` (default: on for goal envs) and ``parser.error`` for observations the networks cannot read."""
     goal_env = is_goal_space(space)
     if args.her is None:
@@ -185,7 +185,7 @@ class FlatInput(nn.Module):
         return obs.flatten(1).float()
 
 
-def input_layer(space: spaces.Space) -> tuple[nn.Module, int]:
+def input_layer(space: spaces.Space[Any]) -> tuple[nn.Module, int]:
     """The module that flattens ``space``'s observations for the MLPs, and the width it produces."""
     if is_goal_space(space):
         parts = (space["observation"], space["desired_goal"])  # type: ignore[index]  # a goal env's Dict
@@ -217,7 +217,7 @@ class SAC(pl.LightningModule):
     hparams: AttributeDict  # what save_hyperparameters() makes it (Lightning's property is typed wider)
 
     def __init__(
-        self, observation_space: gym.spaces.Space, action_space: gym.spaces.Box, args: argparse.Namespace
+        self, observation_space: gym.spaces.Space[Any], action_space: gym.spaces.Box, args: argparse.Namespace
     ) -> None:
         super().__init__()
         self.save_hyperparameters(vars(args))
@@ -361,7 +361,7 @@ def success_rate(actor: nn.Module, env_id: str, episodes: int, seed: int) -> flo
     return successes / episodes if episodes else float("nan")
 
 
-def greedy_agent(actor: nn.Module, action_space: gym.Space) -> ptl_rl.StochasticPolicyAgent:
+def greedy_agent(actor: nn.Module, action_space: gym.Space[Any]) -> ptl_rl.StochasticPolicyAgent:
     """The policy's mean action, tanh(mu)."""
     return ptl_rl.StochasticPolicyAgent(actor, action_space, greedy=True)
 

@@ -4,7 +4,8 @@ One module per concept, each importing only the ones below it (no cycles,
 checked by ``tests/unit/test_import_layers.py``):
 
 * :mod:`~ptl_rl.lightning._compat`: base classes for both Lightning packages
-  (``pytorch_lightning`` and ``lightning.pytorch``);
+  (``pytorch_lightning`` and ``lightning.pytorch``), and the protocols of what
+  the callbacks use of their Trainer and module (:class:`TrainerLike`, :class:`ModuleLike`);
 * :mod:`~ptl_rl.lightning.stops`: :class:`EnvStepLimit` and the record of
   Trainers that stop an endless loader by themselves;
 * :mod:`~ptl_rl.lightning.checkpoint`: :class:`PipelineCheckpoint`;
@@ -18,6 +19,7 @@ Everything public is importable from here and from ``ptl_rl``.
 """
 
 from ptl_rl.core.chain import find_stage, load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
+from ptl_rl.lightning._compat import LoggerLike, ModuleLike, StrategyLike, TrainerLike
 from ptl_rl.lightning.adapter import BatchGroup, PipelineDataset, PipelineLoader, to_dataloader
 from ptl_rl.lightning.callbacks import (
     EnvStepLimit,
@@ -36,6 +38,8 @@ __all__ = [
     "EnvStepLimit",
     "EpisodeStatsLogger",
     "EvaluationMixin",
+    "LoggerLike",
+    "ModuleLike",
     "NormalizationSync",
     "PeriodicEvaluation",
     "PipelineCheckpoint",
@@ -43,6 +47,8 @@ __all__ = [
     "PipelineLoader",
     "PipelineProfiler",
     "RLDataModule",
+    "StrategyLike",
+    "TrainerLike",
     "find_stage",
     "load_pipeline_state_dict",
     "pipeline_stages",

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from ptl_rl.core.batch import TransitionBatch
+from ptl_rl.core.batch import TorchBatch, TransitionBatch
 from ptl_rl.core.chain import holds_replay
 from ptl_rl.core.protocols import OnPolicyStage
 from ptl_rl.core.ranks import assign_rank, distributed_rank
@@ -140,7 +140,11 @@ class _GroupBatches:
         return self.group._next()
 
 
-class PipelineDataset(IterableDataset):
+#: What the adapter's loader yields: a torch batch, the tuple of its ``as_tuple`` fields, or a :class:`BatchGroup`.
+LoaderItem: TypeAlias = "TorchBatch | tuple[Any, ...] | BatchGroup"
+
+
+class PipelineDataset(IterableDataset[LoaderItem]):
     """An IterableDataset over a live pipeline, ``steps_per_epoch`` batches per epoch.
 
     Every epoch continues the same pipeline iterator: environments, windows
@@ -158,7 +162,7 @@ class PipelineDataset(IterableDataset):
 
     def __init__(
         self,
-        pipeline: Any,
+        pipeline: Iterator[TorchBatch],
         steps_per_epoch: int | None = None,
         as_tuple: Sequence[str] | None = None,
         batches_per_step: int = 1,
@@ -173,7 +177,7 @@ class PipelineDataset(IterableDataset):
         self.steps_per_epoch = steps_per_epoch
         self.as_tuple = tuple(as_tuple) if as_tuple is not None else None
         self.stop_condition_checked = False  # set by a callback that saw the Trainer's limits
-        self._iterator: Iterator[Any] | None = None
+        self._iterator: Iterator[TorchBatch] | None = None
         self._first = True
 
     def __iter__(self) -> Iterator[Any]:
@@ -215,7 +219,7 @@ class PipelineDataset(IterableDataset):
         return self.steps_per_epoch
 
 
-class PipelineLoader(DataLoader):
+class PipelineLoader(DataLoader[LoaderItem]):
     """The DataLoader :func:`to_dataloader` returns.
 
     It has ``state_dict`` only to notice checkpoints: Lightning asks every
@@ -247,7 +251,7 @@ def _as_is(batch: Any) -> Any:
     return batch
 
 
-def _check_first_batch(pipeline: Any, batch: Any) -> None:
+def _check_first_batch(pipeline: object, batch: object) -> None:
     """Stages ``check_last_stage`` cannot know by type (a user's, a dataset reader) show it in their first batch."""
     if isinstance(batch, TransitionBatch):
         raise TypeError(
@@ -257,7 +261,7 @@ def _check_first_batch(pipeline: Any, batch: Any) -> None:
         )
 
 
-def check_last_stage(pipeline: Any) -> None:
+def check_last_stage(pipeline: object) -> None:
     """Raise, naming the fix, for a last stage that yields no torch batches (a buffer, a source, an n-step stage)."""
     if holds_replay(pipeline) or isinstance(pipeline, (ExperienceSource, NStepTransform)):
         kind = type(pipeline).__name__
@@ -271,7 +275,7 @@ def check_last_stage(pipeline: Any) -> None:
 
 
 def to_dataloader(
-    pipeline: Any,
+    pipeline: Iterator[TorchBatch],
     steps_per_epoch: int | None = None,
     *,
     as_tuple: Sequence[str] | None = None,
@@ -324,7 +328,7 @@ def to_dataloader(
     return PipelineLoader(dataset, batch_size=None, num_workers=0, collate_fn=_as_is)
 
 
-def _rollout_groups(pipeline: Any, batches_per_step: int) -> int | None:
+def _rollout_groups(pipeline: object, batches_per_step: int) -> int | None:
     """Loader items per rollout of an on-policy stage (``None`` for others): one Lightning epoch per rollout."""
     if not isinstance(pipeline, OnPolicyStage):
         return None

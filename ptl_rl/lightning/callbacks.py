@@ -16,10 +16,11 @@ import torch
 
 from ptl_rl.core.chain import find_episode_source
 from ptl_rl.core.profile import PipelineProfile, profile
-from ptl_rl.core.protocols import Agent, EpisodeCounter
+from ptl_rl.core.protocols import Agent, EnvLike, EpisodeCounter, Pipeline
 from ptl_rl.core.ranks import rank_seed
 from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.evaluation import evaluate
+from ptl_rl.lightning._compat import ModuleLike, TrainerLike
 from ptl_rl.lightning.stops import EnvStepLimit, PipelineCallback, global_env_steps
 from ptl_rl.stages.normalize import sync_statistics
 
@@ -57,7 +58,7 @@ class EpisodeStatsLogger(PipelineCallback):
         prog_bar: also show ``return`` and ``env_steps`` in the progress bar.
     """
 
-    def __init__(self, pipeline: Any, every_n_steps: int = 10, prog_bar: bool = True) -> None:
+    def __init__(self, pipeline: Pipeline, every_n_steps: int = 10, prog_bar: bool = True) -> None:
         super().__init__()
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
@@ -67,7 +68,7 @@ class EpisodeStatsLogger(PipelineCallback):
         self.prog_bar = prog_bar
         self._logged_episodes = self.source.episodes_finished
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+    def on_train_batch_end(self, trainer: TrainerLike, pl_module: ModuleLike, *args: object) -> None:
         source = self.source
         if source.episodes_finished != self._logged_episodes:
             self._log_new_episodes(trainer)
@@ -81,7 +82,7 @@ class EpisodeStatsLogger(PipelineCallback):
             metrics["return"] = float(stats["return_mean"])
         pl_module.log_dict(metrics, prog_bar=self.prog_bar, logger=False, on_step=True, on_epoch=False)
 
-    def _log_new_episodes(self, trainer: Any) -> None:
+    def _log_new_episodes(self, trainer: TrainerLike) -> None:
         source = self.source
         new = source.episodes_finished - self._logged_episodes
         self._logged_episodes = source.episodes_finished
@@ -113,14 +114,14 @@ class NormalizationSync(PipelineCallback):
     also syncs before every save, so a checkpoint holds the merged statistics.
     """
 
-    def __init__(self, pipeline: Any, every_n_steps: int = 100) -> None:
+    def __init__(self, pipeline: Pipeline, every_n_steps: int = 100) -> None:
         super().__init__()
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         self.pipeline = pipeline
         self.every_n_steps = int(every_n_steps)
 
-    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+    def on_train_batch_end(self, trainer: TrainerLike, *args: object) -> None:
         # global_step is the same on every rank at this hook: all ranks take part in the same collectives
         if trainer.world_size > 1 and trainer.global_step % self.every_n_steps == 0:
             sync_statistics(self.pipeline)
@@ -151,8 +152,8 @@ class PeriodicEvaluation(PipelineCallback):
 
     def __init__(
         self,
-        pipeline: Any,
-        env: Any,
+        pipeline: Pipeline,
+        env: EnvLike,
         make_agent: Callable[[Any], Agent],
         every_env_steps: int,
         episodes: int = 10,
@@ -173,12 +174,13 @@ class PeriodicEvaluation(PipelineCallback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(every_env_steps=self.every, episodes=self.episodes)
+        key: str = self._generate_state_key(every_env_steps=self.every, episodes=self.episodes)
+        return key
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_start(self, trainer: TrainerLike, pl_module: ModuleLike) -> None:
         self._start = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+    def on_train_batch_end(self, trainer: TrainerLike, pl_module: ModuleLike, *args: object) -> None:
         if self.every <= 0:
             return
         steps = global_env_steps(trainer, self.source)
@@ -192,7 +194,7 @@ class PeriodicEvaluation(PipelineCallback):
             self.solved_at, self.solved_after_s = steps, self._trained_s + time.perf_counter() - self._start
             trainer.should_stop = True
 
-    def _evaluate(self, trainer: Any, pl_module: Any) -> float:
+    def _evaluate(self, trainer: TrainerLike, pl_module: ModuleLike) -> float:
         seed = rank_seed(self.seed, trainer.global_rank)
         seed = None if seed is None else seed + 1_000 * len(self.history)
         mean_return = float(evaluate(self.env, self.make_agent(pl_module), self.episodes, seed=seed).mean())
@@ -244,7 +246,7 @@ class PipelineProfiler(PipelineCallback):
         prog_bar: show env steps/s in the progress bar.
     """
 
-    def __init__(self, pipeline: Any, every_n_steps: int = 50, prog_bar: bool = True) -> None:
+    def __init__(self, pipeline: Pipeline, every_n_steps: int = 50, prog_bar: bool = True) -> None:
         super().__init__()
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
@@ -261,13 +263,13 @@ class PipelineProfiler(PipelineCallback):
         except ValueError:  # no stage keeps time (a remote source straight into a stage of another kind)
             return None
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_start(self, trainer: TrainerLike, pl_module: ModuleLike) -> None:
         table = self._pipeline_profile()
         if table is not None:
             table.reset()
         self._last = (time.perf_counter(), self.source.total_steps, trainer.global_step)
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+    def on_train_batch_end(self, trainer: TrainerLike, pl_module: ModuleLike, *args: object) -> None:
         if trainer.global_step % self.every_n_steps:
             return
         now, steps, grad_steps = time.perf_counter(), self.source.total_steps, trainer.global_step

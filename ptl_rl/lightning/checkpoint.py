@@ -9,8 +9,9 @@ from typing import Any
 import torch.distributed as dist
 
 from ptl_rl.core.chain import load_pipeline_state_dict, pipeline_stages, pipeline_state_dict
+from ptl_rl.core.protocols import Pipeline
 from ptl_rl.core.ranks import assign_rank
-from ptl_rl.lightning._compat import Callback
+from ptl_rl.lightning._compat import Callback, ModuleLike, TrainerLike
 from ptl_rl.lightning.stops import note_trainer_limits
 from ptl_rl.stages.normalize import sync_statistics
 
@@ -21,29 +22,29 @@ CHECKPOINT_KEY = "ptl_rl/pipeline"
 
 # Last stages whose state some PipelineCheckpoint saves; the adapter warns when a checkpoint misses them. Weak: a
 # record must not keep a finished pipeline alive.
-_CHECKPOINTED: weakref.WeakSet = weakref.WeakSet()
+_CHECKPOINTED: weakref.WeakSet[object] = weakref.WeakSet()
 
 
-def last_stage_of(pipeline: Any) -> Any:
+def last_stage_of(pipeline: Pipeline) -> Any:
     """The last stage of ``pipeline`` (a stage, or the loader of :func:`~ptl_rl.lightning.to_dataloader`)."""
     return pipeline_stages(pipeline)[-1]
 
 
-def note_checkpointed(pipeline: Any) -> None:
+def note_checkpointed(pipeline: Pipeline) -> None:
     """Record that ``pipeline``'s state is saved (or that its loader has warned that it is not: it warns once)."""
     _CHECKPOINTED.add(last_stage_of(pipeline))
 
 
-def is_checkpointed(pipeline: Any) -> bool:
+def is_checkpointed(pipeline: Pipeline) -> bool:
     """Whether a :class:`PipelineCheckpoint` saves ``pipeline`` (any of its stages), see :func:`note_checkpointed`."""
     return any(stage in _CHECKPOINTED for stage in pipeline_stages(pipeline))
 
 
-def _world(trainer: Any) -> tuple[int, int]:
+def _world(trainer: TrainerLike) -> tuple[int, int]:
     return int(trainer.global_rank), int(trainer.world_size)
 
 
-def _gather_to_rank_zero(state: Any, trainer: Any) -> list[Any] | None:
+def _gather_to_rank_zero(state: Any, trainer: TrainerLike) -> list[Any] | None:
     """Every rank's ``state`` on rank 0 (in rank order); ``None`` on the other ranks."""
     rank, world_size = _world(trainer)
     if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
@@ -79,7 +80,7 @@ class PipelineCheckpoint(Callback):
       :mod:`ptl_rl.core.ranks`), before any restore.
     """
 
-    def __init__(self, pipeline: Any, include_replay: bool = True) -> None:
+    def __init__(self, pipeline: Pipeline, include_replay: bool = True) -> None:
         super().__init__()
         self.pipeline = pipeline
         self.include_replay = bool(include_replay)
@@ -89,20 +90,20 @@ class PipelineCheckpoint(Callback):
     def last_stage(self) -> Any:
         return last_stage_of(self.pipeline)
 
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def setup(self, trainer: TrainerLike, pl_module: ModuleLike, stage: str) -> None:
         note_trainer_limits(trainer, self.pipeline)
         rank, world_size = _world(trainer)
         if world_size > 1:
             assign_rank(self.pipeline, rank)
 
-    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, trainer: TrainerLike, pl_module: ModuleLike, checkpoint: dict[str, Any]) -> None:
         if _world(trainer)[1] > 1:  # every rank is here: the checkpoint gets the statistics of all ranks' data
             sync_statistics(self.pipeline)
         per_rank = _gather_to_rank_zero(pipeline_state_dict(self.pipeline, self.include_replay), trainer)
         if per_rank is not None:
             checkpoint[CHECKPOINT_KEY] = {"world_size": len(per_rank), "ranks": per_rank}
 
-    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(self, trainer: TrainerLike, pl_module: ModuleLike, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get(CHECKPOINT_KEY)
         if saved is None:
             warnings.warn(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ptl_rl.core.batch import TorchBatch
 from ptl_rl.core.chain import load_pipeline_state_dict
+from ptl_rl.core.protocols import Agent, EnvLike
 from ptl_rl.evaluation import evaluation_dataloader
 from ptl_rl.lightning._compat import DataModule
 from ptl_rl.lightning.adapter import PipelineLoader, check_last_stage, to_dataloader
@@ -42,12 +44,12 @@ class RLDataModule(DataModule):
 
     def __init__(
         self,
-        pipeline: Any,
+        pipeline: Iterator[TorchBatch],
         steps_per_epoch: int | None = 1000,
         *,
         include_replay: bool = True,
-        eval_env: Any = None,
-        eval_agent: Any = None,
+        eval_env: EnvLike | None = None,
+        eval_agent: Agent | None = None,
         eval_episodes: int = 10,
         eval_seed: int | None = None,
         as_tuple: Sequence[str] | None = None,
@@ -106,7 +108,7 @@ class RLDataModule(DataModule):
         return self._evaluation_loader()
 
     def _evaluation_loader(self) -> Any:
-        if self.eval_env is None:
+        if self.eval_env is None or self.eval_agent is None:  # (given together: checked in __init__)
             return []  # no evaluation configured: Lightning runs no validation
         return evaluation_dataloader(self.eval_env, self.eval_agent, self.eval_episodes, self.eval_seed)
 

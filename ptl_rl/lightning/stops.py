@@ -12,34 +12,33 @@ callbacks, so neither imports the other.
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
 import torch
 
 from ptl_rl.core.chain import find_episode_source, pipeline_stages
-from ptl_rl.core.protocols import EpisodeCounter
-from ptl_rl.lightning._compat import Callback
+from ptl_rl.core.protocols import EpisodeCounter, Pipeline
+from ptl_rl.lightning._compat import Callback, ModuleLike, TrainerLike, trainer_callbacks
 from ptl_rl.lightning.expected_warnings import ExpectedWarnings
 
 __all__ = ["EnvStepLimit", "PipelineCallback", "note_trainer_limits", "stop_known", "trainer_has_step_limit"]
 
 # Stages whose Trainer a ptl_rl callback has seen with a stop condition. Weak: a record must not keep a finished
 # pipeline (its envs, its replay) alive.
-_STOP_KNOWN: weakref.WeakSet = weakref.WeakSet()
+_STOP_KNOWN: weakref.WeakSet[object] = weakref.WeakSet()
 
 
-def trainer_has_step_limit(trainer: Any) -> bool:
+def trainer_has_step_limit(trainer: TrainerLike) -> bool:
     """Whether ``trainer`` has an :class:`EnvStepLimit` among its callbacks."""
-    return any(isinstance(c, EnvStepLimit) for c in trainer.callbacks)
+    return any(isinstance(c, EnvStepLimit) for c in trainer_callbacks(trainer))
 
 
-def note_trainer_limits(trainer: Any, pipeline: Any) -> None:
+def note_trainer_limits(trainer: TrainerLike, pipeline: Pipeline) -> None:
     """Remember, for :func:`stop_known`, whether ``trainer`` stops an endless loader over ``pipeline`` by itself."""
     if trainer.max_steps != -1 or trainer_has_step_limit(trainer):
         _STOP_KNOWN.update(pipeline_stages(pipeline))
 
 
-def stop_known(pipeline: Any) -> bool:
+def stop_known(pipeline: Pipeline) -> bool:
     """Whether a ptl_rl callback saw a Trainer that stops a run over ``pipeline`` (one of its stages) by itself."""
     return any(stage in _STOP_KNOWN for stage in pipeline_stages(pipeline))
 
@@ -49,13 +48,13 @@ class PipelineCallback(Callback):
     and it ignores the two Lightning warnings the adapter's loader triggers by design while the Trainer runs
     (:mod:`ptl_rl.lightning.expected_warnings`)."""
 
-    pipeline: Any
+    pipeline: Pipeline
 
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def setup(self, trainer: TrainerLike, pl_module: ModuleLike, stage: str) -> None:
         note_trainer_limits(trainer, self.pipeline)
         self._expected_warnings().enter()
 
-    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def teardown(self, trainer: TrainerLike, pl_module: ModuleLike, stage: str) -> None:
         self._expected_warnings().exit()
 
     def _expected_warnings(self) -> ExpectedWarnings:
@@ -66,7 +65,7 @@ class PipelineCallback(Callback):
         return expected
 
 
-def global_env_steps(trainer: Any, source: EpisodeCounter) -> int:
+def global_env_steps(trainer: TrainerLike, source: EpisodeCounter) -> int:
     """Env steps taken by the sources of all ranks together (one all-reduce under DDP)."""
     if trainer.world_size == 1:
         return source.total_steps
@@ -81,12 +80,12 @@ class EnvStepLimit(PipelineCallback):
     every batch end, so every rank stops at the same batch.
     """
 
-    def __init__(self, pipeline: Any, max_env_steps: int) -> None:
+    def __init__(self, pipeline: Pipeline, max_env_steps: int) -> None:
         super().__init__()
         self.source: EpisodeCounter = find_episode_source(pipeline)
         self.pipeline = pipeline
         self.max_env_steps = int(max_env_steps)
 
-    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+    def on_train_batch_end(self, trainer: TrainerLike, *args: object) -> None:
         if global_env_steps(trainer, self.source) >= self.max_env_steps:
             trainer.should_stop = True

@@ -18,10 +18,10 @@ import gymnasium as gym
 import numpy as np
 
 from ptl_rl.core.chain import find_episode_source
-from ptl_rl.core.protocols import Agent, EpisodeCounter
+from ptl_rl.core.protocols import Agent, EpisodeCounter, Pipeline
 from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.evaluation import run_episodes
-from ptl_rl.lightning._compat import LIGHTNING_PACKAGES
+from ptl_rl.lightning._compat import LIGHTNING_PACKAGES, ModuleLike, TrainerLike
 from ptl_rl.lightning.stops import PipelineCallback, global_env_steps
 from ptl_rl.video import (
     VIDEO_FORMATS,
@@ -86,7 +86,7 @@ def render_frame(env: gym.Env) -> np.ndarray:
     return frame
 
 
-def check_video_env(env: Any) -> None:
+def check_video_env(env: object) -> None:
     """Raise a ``ValueError`` naming the fix unless ``env`` is a single env that renders ``rgb_array`` frames."""
     if isinstance(env, gym.vector.VectorEnv) or hasattr(env, "num_envs"):
         raise ValueError(
@@ -186,7 +186,7 @@ class EvaluationVideo(PipelineCallback):
 
     def __init__(
         self,
-        pipeline: Any,
+        pipeline: Pipeline,
         env: gym.Env,
         make_agent: Callable[[Any], Agent],
         every_env_steps: int,
@@ -222,13 +222,14 @@ class EvaluationVideo(PipelineCallback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(every_env_steps=self.every, episodes=self.episodes)
+        key: str = self._generate_state_key(every_env_steps=self.every, episodes=self.episodes)
+        return key
 
     @property
     def _active(self) -> bool:
         return self.every > 0 or self.at_train_end
 
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def setup(self, trainer: TrainerLike, pl_module: ModuleLike, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if stage != "fit" or not self._active:
             return
@@ -242,7 +243,7 @@ class EvaluationVideo(PipelineCallback):
         self.env.reset(seed=self.seed)
         render_frame(self.env)
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+    def on_train_batch_end(self, trainer: TrainerLike, pl_module: ModuleLike, *args: object) -> None:
         if self.every <= 0:
             return
         steps = global_env_steps(trainer, self.source)  # every rank takes part: a collective under DDP
@@ -252,7 +253,7 @@ class EvaluationVideo(PipelineCallback):
         if trainer.global_rank == 0:
             self.record(trainer, pl_module, steps)
 
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_end(self, trainer: TrainerLike, pl_module: ModuleLike) -> None:
         if not self.at_train_end:
             return
         steps = global_env_steps(trainer, self.source)
@@ -260,7 +261,7 @@ class EvaluationVideo(PipelineCallback):
         if trainer.global_rank == 0 and not done:
             self.record(trainer, pl_module, steps)
 
-    def record(self, trainer: Any, pl_module: Any, env_steps: int) -> dict[str, Any]:
+    def record(self, trainer: TrainerLike, pl_module: ModuleLike, env_steps: int) -> dict[str, Any]:
         """Record ``episodes`` episodes now, labelled ``env_steps``: write the files and the TensorBoard videos."""
         episodes = record_episodes(self.env, self.make_agent(pl_module), self.episodes, self.seed)
         directory = self._directory if self._directory is not None else Path(trainer.default_root_dir) / "videos"
@@ -280,7 +281,7 @@ class EvaluationVideo(PipelineCallback):
         self.recordings.append(entry)
         return entry
 
-    def _tensorboard_writers(self, trainer: Any) -> list[Any]:
+    def _tensorboard_writers(self, trainer: TrainerLike) -> list[Any]:
         """The ``SummaryWriter`` of each TensorBoard logger of ``trainer`` (none when ``tensorboard`` is off)."""
         if not self.tensorboard:
             return []

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ptl_rl.core.protocols import Agent
+from ptl_rl.core.protocols import Agent, ObsTree
 from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.normalization.module import NormalizationModule, matches_shape, shape_error
 from ptl_rl.normalization.running_stats import Moments, RunningStatistics
@@ -159,11 +159,11 @@ class ObservationNormalizer:
         self._cached = (moments, shift, scale)
         return shift, scale
 
-    def normalize(self, obs: Any) -> Any:
+    def normalize(self, obs: ObsTree) -> Any:
         """``obs`` ``[B, *obs_shape]`` normalized with the current statistics."""
         return self.normalize_with(obs, self.statistics.moments)
 
-    def normalize_with(self, obs: Any, moments: Moments | None) -> Any:
+    def normalize_with(self, obs: ObsTree, moments: Moments | None) -> Any:
         """``obs`` ``[B, *obs_shape]`` normalized with ``moments`` (``None``: nothing seen, mean 0 and variance 1).
 
         ``ValueError`` if the trailing dimensions of ``obs`` are not the statistics' shape.
@@ -200,7 +200,7 @@ class ObservationNormalizer:
         out = (obs.to(dtype) - cached[1]) * cached[2]
         return out if self.clip is None else out.clamp_(-self.clip, self.clip)
 
-    def __call__(self, obs: Any) -> Any:
+    def __call__(self, obs: ObsTree) -> Any:
         return self.normalize(obs)
 
     # ------------------------------------------------------------------ updating
@@ -222,7 +222,7 @@ class ObservationNormalizer:
             raise shape_error(rows.shape, expected, _APPLY_FIX)
         return rows
 
-    def with_rows(self, obs: Any) -> tuple[Moments, Moments]:
+    def with_rows(self, obs: np.ndarray) -> tuple[Moments, Moments]:
         """The statistics after taking in ``obs`` ``[B, *obs_shape]``, to :meth:`commit`; nothing is changed yet.
 
         Refused as :meth:`update` says: rows of another shape, rows with a NaN or an inf.
@@ -357,7 +357,7 @@ class NormalizedAgent:
         self.agent = agent
         self.normalizer = normalizer
 
-    def __call__(self, obs: Any) -> Any:
+    def __call__(self, obs: ObsTree) -> Any:
         return self.agent(self.normalizer(obs))
 
     def __getattr__(self, name: str) -> Any:

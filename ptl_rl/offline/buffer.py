@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
 from ptl_rl.offline.source import MinariSource
 from ptl_rl.replay import ReplayBuffer
+
+if TYPE_CHECKING:
+    from minari import MinariDataset
 
 __all__ = ["minari_replay_buffer"]
 
 
 def minari_replay_buffer(
-    dataset: Any,
+    dataset: MinariDataset | str | os.PathLike[str],
     *,
     nstep: int = 1,
     gamma: float = 0.99,
@@ -19,8 +23,8 @@ def minari_replay_buffer(
     seed: int | None = None,
     replacement: bool = True,
     lanes: int = 256,
-    **source_kwargs: Any,
-) -> Any:
+    **source_kwargs: Any,  # MinariSource's own keywords, forwarded
+) -> ReplayBuffer:
     """A standalone :class:`~ptl_rl.replay.ReplayBuffer` holding a whole Minari dataset, filled in one call.
 
     For offline RL and behaviour cloning: fill once, then sample, e.g.

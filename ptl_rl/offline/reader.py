@@ -21,12 +21,15 @@ from __future__ import annotations
 import os
 import pathlib
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium import spaces
 
 from ptl_rl.core._trees import tree_map
+
+if TYPE_CHECKING:
+    from minari import MinariDataset  # (Minari ships no types: Any to the checker, its class to a reader)
 
 __all__ = ["open_minari_dataset"]
 
@@ -46,7 +49,7 @@ def import_minari() -> Any:
 
 
 # ---------------------------------------------------------------------------- opening datasets
-def open_minari_dataset(dataset: Any) -> Any:
+def open_minari_dataset(dataset: MinariDataset | str | os.PathLike[str]) -> MinariDataset:
     """A ``minari.MinariDataset`` from a dataset object, a local dataset id, or a directory path.
 
     ``dataset`` may be:
@@ -94,7 +97,7 @@ def open_minari_dataset(dataset: Any) -> Any:
 _UNSUPPORTED_SPACES = (spaces.Tuple, spaces.Text, spaces.Sequence, spaces.Graph)
 
 
-def check_space_kind(space: spaces.Space, what: str, dataset_id: str) -> None:
+def check_space_kind(space: spaces.Space[Any], what: str, dataset_id: str) -> None:
     """Transition fields are arrays or dicts of arrays: reject the spaces Minari stores otherwise."""
     if isinstance(space, spaces.Dict):
         for key, sub in space.spaces.items():
@@ -107,7 +110,7 @@ def check_space_kind(space: spaces.Space, what: str, dataset_id: str) -> None:
         )
 
 
-def _same_space(a: spaces.Space, b: spaces.Space) -> bool:
+def _same_space(a: spaces.Space[Any], b: spaces.Space[Any]) -> bool:
     """Same kind, shape and dtype (and ``n`` of Discrete, keys of Dict); bounds are not compared."""
     if type(a) is not type(b):
         return False
@@ -119,7 +122,9 @@ def _same_space(a: spaces.Space, b: spaces.Space) -> bool:
     return a.shape == b.shape and np.dtype(a.dtype).kind == np.dtype(b.dtype).kind
 
 
-def check_expected_space(dataset_id: str, what: str, stored: spaces.Space, expected: spaces.Space | None) -> None:
+def check_expected_space(
+    dataset_id: str, what: str, stored: spaces.Space[Any], expected: spaces.Space[Any] | None
+) -> None:
     if expected is not None and not _same_space(stored, expected):
         raise ValueError(
             f"dataset {dataset_id!r} has {what} space {stored}, but the pipeline expects {expected}. "
@@ -128,7 +133,7 @@ def check_expected_space(dataset_id: str, what: str, stored: spaces.Space, expec
         )
 
 
-def leaf_shapes(space: spaces.Space) -> Any:
+def leaf_shapes(space: spaces.Space[Any]) -> Any:
     """The per-step shape of each leaf of ``space`` (a dict for Dict spaces)."""
     if isinstance(space, spaces.Dict):
         return {k: leaf_shapes(s) for k, s in space.spaces.items()}
@@ -177,7 +182,9 @@ def read_episodes(dataset: Any, indices: Sequence[int]) -> Iterator[Any]:
         yield episode
 
 
-def episode_rows(dataset_id: str, episode: Any, obs_shapes: Any, action_shapes: Any, cast_float64: bool) -> dict:
+def episode_rows(
+    dataset_id: str, episode: Any, obs_shapes: Any, action_shapes: Any, cast_float64: bool
+) -> dict[str, Any]:
     """The ``T`` transitions of one Minari episode as field arrays (see the module docstring)."""
     episode_id = int(episode.id)
     rewards = np.asarray(episode.rewards)
@@ -209,7 +216,8 @@ def episode_rows(dataset_id: str, episode: Any, obs_shapes: Any, action_shapes: 
 
     def own(a: Any) -> np.ndarray:
         a = np.asarray(a)
-        return a.astype(np.float32) if cast_float64 and a.dtype == np.float64 else a
+        owned: np.ndarray = a.astype(np.float32) if cast_float64 and a.dtype == np.float64 else a
+        return owned
 
     observations = tree_map(own, episode.observations)
     return {

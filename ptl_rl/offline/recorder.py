@@ -13,7 +13,7 @@ from ptl_rl.core._reprs import stage_repr
 from ptl_rl.core._trees import tree_assign, tree_leaves, tree_map, tree_take
 from ptl_rl.core.batch import TransitionBatch
 from ptl_rl.core.chain import pipeline_stages
-from ptl_rl.core.protocols import NumberedStream, PerEnvStream
+from ptl_rl.core.protocols import EnvLike, NumberedStream, PerEnvStream, VectorEnv
 from ptl_rl.offline.reader import check_space_kind, import_minari
 from ptl_rl.offline.writer import check_new_dataset_id, create_dataset, store_env_spec
 from ptl_rl.stages.source import ExperienceSource
@@ -92,12 +92,12 @@ class MinariRecorder:
         upstream: Iterator[TransitionBatch] | None,
         dataset_id: str,
         *,
-        env: Any = None,
-        observation_space: spaces.Space | None = None,
-        action_space: spaces.Space | None = None,
+        env: EnvLike | None = None,
+        observation_space: spaces.Space[Any] | None = None,
+        action_space: spaces.Space[Any] | None = None,
         partial_episodes: str = "truncate",
         flush_every: int = 32,
-        **metadata: Any,
+        **metadata: object,
     ) -> None:
         import_minari()  # fail here, with the install hint, when Minari is missing
         if partial_episodes not in ("truncate", "drop"):
@@ -120,11 +120,11 @@ class MinariRecorder:
                 )
             vector = hasattr(env, "single_observation_space")
             if observation_space is None:
-                observation_space = env.single_observation_space if vector else env.observation_space
+                observation_space = cast(VectorEnv, env).single_observation_space if vector else env.observation_space
             if action_space is None:
-                action_space = env.single_action_space if vector else env.action_space
-        self._observation_space: spaces.Space = observation_space
-        self._action_space: spaces.Space = action_space
+                action_space = cast(VectorEnv, env).single_action_space if vector else env.action_space
+        self._observation_space: spaces.Space[Any] = observation_space
+        self._action_space: spaces.Space[Any] = action_space
         check_space_kind(self._observation_space, "observation", self.dataset_id)
         check_space_kind(self._action_space, "action", self.dataset_id)
         self._metadata = {"algorithm_name": "ptl_rl.MinariRecorder", **metadata}
@@ -334,7 +334,7 @@ class MinariRecorder:
         )
 
 
-def _source_env(upstream: Any) -> Any:
+def _source_env(upstream: Iterator[TransitionBatch] | None) -> EnvLike | None:
     """The env of the ExperienceSource at the head of ``upstream``'s chain (``None``: another kind of source)."""
     if upstream is None:
         return None

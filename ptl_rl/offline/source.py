@@ -6,9 +6,10 @@ episode maps to rows is in :mod:`ptl_rl.offline.reader`.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 from gymnasium import spaces
@@ -26,6 +27,18 @@ from ptl_rl.offline.reader import (
     read_episodes,
 )
 from ptl_rl.stages.nstep import NStepTransform
+
+if TYPE_CHECKING:
+    from minari import MinariDataset
+
+
+class _Fillable(Protocol):
+    """What :meth:`MinariSource.fill` fills: anything with ``add(batch)`` (a replay buffer)."""
+
+    def add(self, batch: TransitionBatch, /) -> object: ...
+
+
+FillableT = TypeVar("FillableT", bound=_Fillable)
 
 __all__ = ["MinariSource"]
 
@@ -84,7 +97,7 @@ class MinariSource:
 
     def __init__(
         self,
-        dataset: Any,
+        dataset: MinariDataset | str | os.PathLike[str],
         *,
         lanes: int = 16,
         gamma: float = 0.99,
@@ -94,8 +107,8 @@ class MinariSource:
         seed: int | None = None,
         rank: int | None = None,
         cast_float64: bool = True,
-        observation_space: spaces.Space | None = None,
-        action_space: spaces.Space | None = None,
+        observation_space: spaces.Space[Any] | None = None,
+        action_space: spaces.Space[Any] | None = None,
         episode_id: bool = False,
         episodes_per_read: int = 64,
     ) -> None:
@@ -181,7 +194,7 @@ class MinariSource:
         self.episodes_finished += len(ended)
         return batch
 
-    def fill(self, buffer: Any, nstep: int = 1) -> Any:
+    def fill(self, buffer: FillableT, nstep: int = 1) -> FillableT:
         """Add every remaining transition to ``buffer`` (anything with ``add(batch)``) and return it.
 
         With ``nstep > 1`` the rows go through an :class:`~ptl_rl.stages.nstep.NStepTransform`

@@ -36,7 +36,7 @@ def check_new_dataset_id(dataset_id: str) -> None:
         )
 
 
-def _space_as_stored(space: spaces.Space, sample: Any) -> spaces.Space:
+def _space_as_stored(space: spaces.Space[Any], sample: Any) -> spaces.Space[Any]:
     """``space`` with the dtype of the arrays that are stored (an ExperienceSource casts float64 to float32)."""
     if isinstance(space, spaces.Dict):
         return spaces.Dict({k: _space_as_stored(s, sample[k]) for k, s in space.spaces.items()})
@@ -49,8 +49,8 @@ def _space_as_stored(space: spaces.Space, sample: Any) -> spaces.Space:
 def create_dataset(
     dataset_id: str,
     first: Any,
-    observation_space: spaces.Space,
-    action_space: spaces.Space,
+    observation_space: spaces.Space[Any],
+    action_space: spaces.Space[Any],
     metadata: dict[str, Any],
 ) -> Any:
     """A new, empty ``minari.MinariDataset``; its observation space takes the dtype of the EpisodeBuffer ``first``'s."""

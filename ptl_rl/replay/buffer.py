@@ -168,10 +168,10 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
     def snapshot(self) -> object:
         return self._credit  # the rows added by a step cut short stay: each add is a write of its own
 
-    def restore(self, snapshot: Any) -> None:
-        self._credit = int(snapshot)
+    def restore(self, snapshot: object) -> None:
+        self._credit = int(cast(int, snapshot))
 
-    def count(self, out: Any) -> int:
+    def count(self, out: object) -> int:
         """Transitions added since the last count (the clock's items)."""
         added, self._counted = self._added - self._counted, self._added
         return added
@@ -258,7 +258,8 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
         """``indices`` without the slots the storage cannot sample yet (all of them for an ArrayStorage)."""
         if not self._partly_sampleable:
             return indices
-        return indices[cast(PartlySampleableStorage, self.storage).sampleable(indices)]
+        sampleable: np.ndarray = indices[cast(PartlySampleableStorage, self.storage).sampleable(indices)]
+        return sampleable
 
     def epoch(self, batch_size: int) -> Iterator[TransitionBatch]:
         """One fresh shuffled pass: every stored transition exactly once, in batches of ``batch_size``.

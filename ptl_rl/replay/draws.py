@@ -184,7 +184,8 @@ class PriorityDraws(SlotDraws):
 
     def _importance_weights(self, leaves: np.ndarray, beta: float) -> np.ndarray:
         # (N P_i)^-beta / max_j (N P_j)^-beta == (min_j leaf_j / leaf_i)^beta: N and the total cancel
-        return np.power(leaves.min() / leaves, beta, dtype=np.float32)
+        weights: np.ndarray = np.power(leaves.min() / leaves, beta, dtype=np.float32)
+        return weights
 
     def weights_of(self, priorities: np.ndarray) -> np.ndarray:
         """``(priorities + eps) ** alpha`` (float64 [B]) after checking the values; raises before any change."""

@@ -255,7 +255,8 @@ class EpisodeIndex:
             return _EMPTY
         total = int(lengths.sum())
         within = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        return (np.repeat(starts, lengths) + within) % len(self.order)
+        positions: np.ndarray = (np.repeat(starts, lengths) + within) % len(self.order)
+        return positions
 
     def _grown(self, num_envs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Copies of the per-env arrays, with room for ``num_envs`` envs."""
@@ -298,7 +299,8 @@ class EpisodeIndex:
     # ------------------------------------------------------------------ reading
     def drawable(self, slots: np.ndarray) -> np.ndarray:
         """Whether the steps at ``slots`` belong to complete episodes (bool [B])."""
-        return self.length[slots] > 0
+        drawable: np.ndarray = self.length[slots] > 0
+        return drawable
 
     def goal_steps(self, slots: np.ndarray, strategy: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """For drawable ``slots`` [R]: the step ``k`` whose goal each is relabeled with, and that step's slot.
@@ -319,7 +321,8 @@ class EpisodeIndex:
         """The slots of the steps of the complete episode holding ``slot``, in time order (int64 [T])."""
         if self.length[slot] <= 0:
             raise ValueError(f"slot {slot} does not hold a step of a complete episode")
-        return self.order[self._order_positions(self.start[[slot]], self.length[[slot]])]
+        slots: np.ndarray = self.order[self._order_positions(self.start[[slot]], self.length[[slot]])]
+        return slots
 
     # ------------------------------------------------------------------ state
     def state_dict(self, size: int) -> dict[str, Any]:

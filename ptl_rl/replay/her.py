@@ -342,7 +342,8 @@ def _per_row(values: Any, rows: int, name: str) -> np.ndarray:
     """``values`` returned by ``name`` as one value per relabeled row ([R], or [R, 1]); raises naming the fix."""
     array = to_numpy(values)
     if array.shape == (rows,) or (array.size == rows and array.ndim == 2 and array.shape[1] == 1):
-        return array.reshape(rows)
+        reshaped: np.ndarray = array.reshape(rows)
+        return reshaped
     raise ValueError(
         f"{name} returned shape {array.shape} for {rows} relabeled rows; it must be vectorized: goals "
         f"[R, *goal_shape] in, one value per row [R] out (as gymnasium-robotics envs do)"

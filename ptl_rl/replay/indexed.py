@@ -11,8 +11,8 @@ slots are drawn, and how, is the business of a draw strategy
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, cast
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 import torch
@@ -26,6 +26,9 @@ from ptl_rl.replay.sumtree import SumTree
 # Fields the prioritized and sequence buffers add to sampled batches; stored data may not use them.
 SAMPLE_FIELDS = ("indices", "generations", "weights", "mask")
 
+#: A 1-D array of numbers as a caller holds it: numpy, a torch tensor on any device, or a list.
+Numbers: TypeAlias = np.ndarray | torch.Tensor | Sequence[float]
+
 
 def check_reserved_fields(batch: TransitionBatch) -> None:
     """Refuse a batch that stores a field these buffers add to sampled batches (``indices``, ...)."""
@@ -37,7 +40,7 @@ def check_reserved_fields(batch: TransitionBatch) -> None:
         )
 
 
-def to_numpy_1d(values: Any, name: str, dtype: type) -> np.ndarray:
+def to_numpy_1d(values: Numbers, name: str, dtype: type) -> np.ndarray:
     """``values`` (numpy, list or torch tensor on any device) as a 1-D numpy array of ``dtype``.
 
     A trailing singleton dimension (``[B, 1]``, as a Q-network with keepdim gives) is dropped.
@@ -76,12 +79,12 @@ class PriorityFeedback:
         self.indices = indices
         self.generations = generations
 
-    def __call__(self, td_errors: Any) -> int:
+    def __call__(self, td_errors: Numbers) -> int:
         """Write ``|td_errors|`` (float [B]) as the new priorities; returns the number of stale rows ignored."""
         td = to_numpy_1d(td_errors, "td_errors", np.float64)
         return self.buffer.update_priorities(self.indices, np.abs(td), self.generations)
 
-    def select(self, index: Any) -> PriorityFeedback:
+    def select(self, index: np.ndarray | torch.Tensor | slice) -> PriorityFeedback:
         """The feedback of the rows ``index`` (slice, bool mask or int indices; numpy or torch)."""
         if isinstance(index, torch.Tensor):
             index = index.detach().cpu().numpy()
@@ -218,7 +221,7 @@ class IndexedReplayBuffer(ReplayBuffer):
         )
 
     # ------------------------------------------------------------------ priorities
-    def update_priorities(self, indices: Any, priorities: Any, generations: Any = None) -> int:
+    def update_priorities(self, indices: Numbers, priorities: Numbers, generations: Numbers | None = None) -> int:
         """Set the priorities of the slots ``indices``; returns how many stale rows were ignored.
 
         Args:
@@ -273,7 +276,7 @@ class IndexedReplayBuffer(ReplayBuffer):
     def _check_targets(self, idx: np.ndarray) -> None:
         """Further checks of the (non-stale) slots about to be updated (a subclass's hook)."""
 
-    def priorities(self, indices: Any | None = None) -> np.ndarray:
+    def priorities(self, indices: Numbers | None = None) -> np.ndarray:
         """Stored leaf values ``(priority + eps) ** alpha`` (float64), of ``indices`` or of every stored slot."""
         if indices is None:
             return self.tree.leaves[: len(self.storage)].copy()

@@ -22,7 +22,7 @@ from ptl_rl.replay.storage import ArrayStorage
 
 
 def open_fresh_memmap(
-    directory: str | os.PathLike, name: str, shape: tuple[int, ...], dtype: Any, fill: int = 0, reuse: bool = False
+    directory: str | os.PathLike[str], name: str, shape: tuple[int, ...], dtype: Any, fill: int = 0, reuse: bool = False
 ) -> np.memmap:
     """A new memory-mapped ``directory/name.npy`` of ``shape`` and ``dtype``, filled with ``fill``.
 
@@ -39,7 +39,7 @@ def open_fresh_memmap(
                 f"{path} exists: memmap_dir must be a fresh directory per buffer (it is scratch space, overwritten "
                 "as the buffer runs); to keep a buffer use save_buffer(), to restore one load_buffer()"
             )
-        existing = np.load(path, mmap_mode="r+")
+        existing: np.memmap[Any, np.dtype[Any]] = np.load(path, mmap_mode="r+")
         if existing.shape == tuple(shape) and existing.dtype == np.dtype(dtype):
             return existing
     array = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
@@ -63,7 +63,7 @@ class MemmapStorage(ArrayStorage):
             storage's files.
     """
 
-    def __init__(self, capacity: int, *, memmap_dir: str | os.PathLike) -> None:
+    def __init__(self, capacity: int, *, memmap_dir: str | os.PathLike[str]) -> None:
         super().__init__(capacity)
         self.memmap_dir = os.fspath(memmap_dir)
         self._own_files: set[str] = set()  # files this storage created (and may recreate on a restore)

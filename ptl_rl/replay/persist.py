@@ -24,12 +24,15 @@ import json
 import os
 import shutil
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ptl_rl.core._trees import tree_leaves
+
+if TYPE_CHECKING:
+    from ptl_rl.replay.buffer import ReplayBuffer
 
 MANIFEST = "manifest.json"
 FORMAT = "ptl_rl.FrameStorage"
@@ -40,7 +43,7 @@ EXTRA_STATE = "buffer_state.pt"
 KEEP_SAVES = 2
 
 
-def save_directory(storage: Any, directory: str | os.PathLike, extra_state: dict[str, Any] | None = None) -> str:
+def save_directory(storage: Any, directory: str | os.PathLike[str], extra_state: dict[str, Any] | None = None) -> str:
     """Write ``storage`` (a ``FrameStorage``, ``ArrayStorage`` or ``MemmapStorage``) to ``directory``; returns its path.
 
     ``extra_state`` (plain containers and tensors, e.g. a buffer's RNG and
@@ -92,7 +95,7 @@ def save_directory(storage: Any, directory: str | os.PathLike, extra_state: dict
     return directory
 
 
-def read_manifest(directory: str | os.PathLike, expected_save_id: str | None = None) -> dict[str, Any]:
+def read_manifest(directory: str | os.PathLike[str], expected_save_id: str | None = None) -> dict[str, Any]:
     """The manifest of a complete save in ``directory``; raises naming the problem otherwise."""
     directory = os.fspath(directory)
     path = os.path.join(directory, MANIFEST)
@@ -110,7 +113,7 @@ def read_manifest(directory: str | os.PathLike, expected_save_id: str | None = N
             "a half-written or foreign directory). Load another save or start with an empty buffer."
         )
     with open(path, "rb") as f:
-        manifest = json.loads(f.read())
+        manifest: dict[str, Any] = json.loads(f.read())
     if manifest.get("format") not in (FORMAT, ARRAY_FORMAT) or manifest.get("version") != VERSION:
         raise ValueError(
             f"{path} is format {manifest.get('format')!r} version {manifest.get('version')}; this ptl_rl reads "
@@ -131,7 +134,9 @@ def read_manifest(directory: str | os.PathLike, expected_save_id: str | None = N
     return manifest
 
 
-def load_directory(storage: Any, directory: str | os.PathLike, expected_save_id: str | None = None) -> dict[str, Any]:
+def load_directory(
+    storage: Any, directory: str | os.PathLike[str], expected_save_id: str | None = None
+) -> dict[str, Any]:
     """Fill ``storage`` from a save in ``directory`` (arrays memory-mapped, streamed in); returns the manifest."""
     manifest = read_manifest(directory, expected_save_id)
     kind = FORMAT if hasattr(storage, "_restore") else ARRAY_FORMAT
@@ -153,7 +158,7 @@ def load_directory(storage: Any, directory: str | os.PathLike, expected_save_id:
     return manifest
 
 
-def save_buffer(buffer: Any, directory: str | os.PathLike) -> str:
+def save_buffer(buffer: ReplayBuffer, directory: str | os.PathLike[str]) -> str:
     """Save a replay buffer (its FrameStorage, RNG, priorities, counters) to ``directory`` atomically."""
     state = buffer.state_dict_without_storage() if hasattr(buffer, "state_dict_without_storage") else None
     if state is None:
@@ -162,7 +167,7 @@ def save_buffer(buffer: Any, directory: str | os.PathLike) -> str:
     return save_directory(buffer.storage, directory, extra_state=state)
 
 
-def load_buffer(buffer: Any, directory: str | os.PathLike) -> None:
+def load_buffer(buffer: ReplayBuffer, directory: str | os.PathLike[str]) -> None:
     """Restore a buffer saved with :func:`save_buffer` (create it with the same arguments first)."""
     manifest = read_manifest(directory)
     path = os.path.join(os.fspath(directory), EXTRA_STATE)
@@ -175,7 +180,7 @@ def load_buffer(buffer: Any, directory: str | os.PathLike) -> None:
     buffer.load_state_dict(state)
 
 
-def save_to_checkpoint_dir(storage: Any, root: str | os.PathLike) -> dict[str, Any]:
+def save_to_checkpoint_dir(storage: Any, root: str | os.PathLike[str]) -> dict[str, Any]:
     """Save ``storage`` to a new ``root/replay-<transitions added>`` and return the reference a checkpoint keeps.
 
     Only the newest :data:`KEEP_SAVES` saves are kept.

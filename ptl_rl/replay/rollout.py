@@ -75,7 +75,7 @@ collected before the last update of the previous one.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -264,9 +264,10 @@ class RolloutBuffer(Stage[TorchBatch]):
         return (self._served, self._schedule, self.rollout, self._sequences, self._sequence_mask,
                 self.rollouts_collected)  # fmt: skip
 
-    def restore(self, snapshot: Any) -> None:
-        self._served, self._schedule, self.rollout, self._sequences, self._sequence_mask = snapshot[:5]
-        self.rollouts_collected = snapshot[5]
+    def restore(self, snapshot: object) -> None:
+        saved = cast(tuple[Any, ...], snapshot)  # what snapshot() returned
+        self._served, self._schedule, self.rollout, self._sequences, self._sequence_mask = saved[:5]
+        self.rollouts_collected = saved[5]
 
     def _start_rollout(self) -> None:
         rollout = self.collect()

@@ -16,13 +16,15 @@ from ptl_rl.core.batch import TransitionBatch
 
 def normalized(advantage: np.ndarray) -> np.ndarray:
     """(a - mean) / (std + 1e-8), float32; a single row normalizes to 0."""
-    return ((advantage - advantage.mean()) / (advantage.std() + 1e-8)).astype(np.float32)
+    standardized: np.ndarray = ((advantage - advantage.mean()) / (advantage.std() + 1e-8)).astype(np.float32)
+    return standardized
 
 
 def normalized_like(advantage: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """``advantage`` standardized by the mean and std of its rows where ``mask`` is True (same shape)."""
     real = advantage[mask]
-    return ((advantage - real.mean()) / (real.std() + 1e-8)).astype(np.float32)
+    standardized: np.ndarray = ((advantage - real.mean()) / (real.std() + 1e-8)).astype(np.float32)
+    return standardized
 
 
 def epoch_schedule(rng: np.random.Generator, size: int, epochs: int, num_minibatches: int) -> list[np.ndarray]:

@@ -117,10 +117,10 @@ class BatchSampler(Stage[TorchBatch]):
     def snapshot(self) -> object:
         return None  # no state of its own: the sampling RNG lives in the buffer
 
-    def restore(self, snapshot: Any) -> None:
+    def restore(self, snapshot: object) -> None:
         pass
 
-    def count(self, out: Any) -> int:
+    def count(self, out: object) -> int:
         return 1  # batches
 
     def __repr__(self) -> str:

@@ -245,7 +245,8 @@ class SequenceReplayBuffer(SequenceLinks, IndexedReplayBuffer):
         """Windows whose every real step the storage can sample (e.g. its next_obs has arrived), bool [B]."""
         slots, mask = self.window_slots(starts)
         # called only when the storage is a PartlySampleableStorage (see _partly_sampleable)
-        return (cast(PartlySampleableStorage, self.storage).sampleable(slots) | ~mask).all(axis=1)
+        sampleable: np.ndarray = (cast(PartlySampleableStorage, self.storage).sampleable(slots) | ~mask).all(axis=1)
+        return sampleable
 
     def window_slots(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Slots ``[B, burn_in + length]`` of the windows starting at ``starts`` (int [B]), and their mask.

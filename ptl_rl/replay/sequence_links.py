@@ -167,7 +167,8 @@ class SequenceLinks:
         in_batch = step >= k0[which]
         if not in_batch.any():
             slot, ok = self._recent(env[which], step)
-            return slot[ok]
+            starts: np.ndarray = slot[ok]
+            return starts
         found = np.empty(len(step), dtype=np.int64)
         found[in_batch] = slots[group_start[which[in_batch]] + step[in_batch] - k0[which[in_batch]]]
         old, ok = self._recent(env[which[~in_batch]], step[~in_batch])

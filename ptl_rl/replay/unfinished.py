@@ -9,13 +9,16 @@ exception raised between two statements of the storage's code.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
 
 from ptl_rl.core.batch import TransitionBatch
 
+#: the owner's snapshot type (a FrameStorage's bookkeeping tuple)
+SnapshotT = TypeVar("SnapshotT")
+
 
 @dataclass(slots=True, eq=False)
-class UnfinishedAdd:
+class UnfinishedAdd(Generic[SnapshotT]):
     """An add under way: what an interrupted add leaves behind, and what it takes to finish or roll it back.
 
     What an interrupted add leaves: the storage may hold part of the batch (some fields of some rows written,
@@ -44,5 +47,5 @@ class UnfinishedAdd:
     """
 
     batches: tuple[TransitionBatch, ...] = ()
-    snapshot: Any = None
+    snapshot: SnapshotT | None = None
     done: bool = True

@@ -23,6 +23,7 @@ import numpy as np
 
 from ptl_rl.core._trees import tree_map
 from ptl_rl.core.clock import SETTINGS, StageClock, perf_counter_ns
+from ptl_rl.core.protocols import EnvLike
 from ptl_rl.envs.checks import (
     DISABLED,
     OLD_GYM_FIX,
@@ -46,19 +47,21 @@ class EnvStepper:
         cast_float64: return float64 observations as float32.
     """
 
-    def __init__(self, env: Any, autoreset_mode: str | None, cast_float64: bool) -> None:
-        env = as_vector_env(env)  # an EnvPool pool: seeded resets, async mode refused (ptl_rl/envs/envpool.py)
-        check_env_api(env)
-        self.env = env
-        self.is_vector = is_vector_env(env)
-        self.num_envs = int(env.num_envs) if self.is_vector else 1
-        self.action_space = env.single_action_space if self.is_vector else env.action_space
-        space = env.single_observation_space if self.is_vector else env.observation_space
+    def __init__(self, env: EnvLike, autoreset_mode: str | None, cast_float64: bool) -> None:
+        # (Any: a vector env's reset takes a list of seeds, and gymnasium's VectorEnv types it list[int | None],
+        # which a protocol of both single and vector envs cannot state; the vector members follow is_vector)
+        adapted: Any = as_vector_env(env)  # an EnvPool pool: seeded resets, async mode refused (envs/envpool.py)
+        self.env = adapted
+        check_env_api(adapted)
+        self.is_vector = is_vector_env(adapted)
+        self.num_envs = int(adapted.num_envs) if self.is_vector else 1
+        self.action_space = adapted.single_action_space if self.is_vector else adapted.action_space
+        space = adapted.single_observation_space if self.is_vector else adapted.observation_space
         self.cast_float64 = bool(cast_float64) and has_float64(space)
-        self.autoreset_mode = autoreset_mode_of(env, autoreset_mode) if self.is_vector else DISABLED
-        check_autoreset_mode(env, self.autoreset_mode)  # EnvPool: next-step only, refused now, not at an episode end
+        self.autoreset_mode = autoreset_mode_of(adapted, autoreset_mode) if self.is_vector else DISABLED
+        check_autoreset_mode(adapted, self.autoreset_mode)  # EnvPool: next-step only: refused now, not mid-run
         # a float64 cast makes a fresh array anyway
-        self._copy_obs = self.is_vector and not getattr(env, "copy", True) and not self.cast_float64
+        self._copy_obs = self.is_vector and not getattr(adapted, "copy", True) and not self.cast_float64
         self.clock = StageClock("env step", "env steps")
 
     def reset(self, seeds: list[int] | None) -> Any:
@@ -82,7 +85,7 @@ class EnvStepper:
             )
         return self.own(result[0])
 
-    def step(self, actions: np.ndarray, env_ids: np.ndarray) -> tuple[Any, Any, np.ndarray, np.ndarray, dict]:
+    def step(self, actions: np.ndarray, env_ids: np.ndarray) -> tuple[Any, Any, np.ndarray, np.ndarray, dict[str, Any]]:
         """One vector step: ``(obs, reward, terminated, truncated, info)``, each ``[N, ...]`` (flags bool).
 
         An exception from the env propagates with a note naming the sub-env and its ``env_id``.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import numpy as np
 
@@ -158,7 +158,7 @@ class NormalizeObservations(PerStepStage):
 
     def step(self) -> TransitionBatch:
         """The next batch, its ``obs``/``next_obs`` normalized (or raw); its ``obs`` rows taken into the statistics."""
-        batch = self.pull()
+        batch: TransitionBatch = self.pull()
         norm = self.normalizer
         before = norm.statistics.moments
         # refuses NaN/inf rows and other shapes before anything changes
@@ -176,10 +176,11 @@ class NormalizeObservations(PerStepStage):
     def snapshot(self) -> object:
         return self.normalizer.snapshot()
 
-    def restore(self, snapshot: Any) -> None:
+    def restore(self, snapshot: object) -> None:
+        saved = cast(tuple[Any, ...], snapshot)  # what snapshot() returned: the normalizer's statistics
         committed, self._committed = self._committed, None
-        if may_roll_back(self.normalizer.statistics, snapshot, committed):
-            self.normalizer.restore(snapshot)
+        if may_roll_back(self.normalizer.statistics, saved, committed):
+            self.normalizer.restore(saved)
 
     def sync(self) -> bool:
         """Merge the observation statistics of every DDP rank (collective; see :func:`sync_statistics`)."""
@@ -268,7 +269,7 @@ class ScaleRewards(PerStepStage):
 
     def step(self) -> TransitionBatch:
         """The next batch with its rewards scaled; its returns ``G`` taken into the statistics."""
-        batch = self.pull()
+        batch: TransitionBatch = self.pull()
         if not len(batch):
             return batch  # a cut stays pending for the next rows
         restart = self.consume_cut()  # the envs started new episodes (or rows were lost): every return restarts
@@ -319,8 +320,8 @@ class ScaleRewards(PerStepStage):
     def snapshot(self) -> object:
         return statistics_snapshot(self.statistics), self._env_ids, self._returns, self._last_env_id, self._last_pos
 
-    def restore(self, snapshot: Any) -> None:
-        saved, self._env_ids, self._returns, self._last_env_id, self._last_pos = snapshot
+    def restore(self, snapshot: object) -> None:
+        saved, self._env_ids, self._returns, self._last_env_id, self._last_pos = cast(tuple[Any, ...], snapshot)
         committed, self._committed = self._committed, None
         if may_roll_back(self.statistics, saved, committed):
             self.statistics.synced, self.statistics.local, self.statistics.moments = saved
@@ -375,7 +376,7 @@ class NormalizeSampledObservations(Stage[TorchBatch]):
 
     def step(self) -> TorchBatch:
         """The next sampled batch, its ``obs``/``next_obs`` normalized with the current statistics."""
-        batch = self.pull()
+        batch: TorchBatch = self.pull()
         moments = self.normalizer.statistics.moments  # one set of statistics for obs and next_obs
         batch["obs"] = self.normalizer.normalize_with(batch["obs"], moments)
         batch["next_obs"] = self.normalizer.normalize_with(batch["next_obs"], moments)

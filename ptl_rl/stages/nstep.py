@@ -17,7 +17,7 @@ pass-through.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -125,8 +125,8 @@ class NStepTransform(Stage[TransitionBatch]):
     def snapshot(self) -> object:
         return self.windows.snapshot()
 
-    def restore(self, snapshot: Any) -> None:
-        self.windows.restore(snapshot)
+    def restore(self, snapshot: object) -> None:
+        self.windows.restore(cast(tuple[Any, ...], snapshot))  # what snapshot() returned
 
     # ------------------------------------------------------------------ folding
     def fold(self, batch: TransitionBatch, one_row_per_env: bool = False) -> TransitionBatch | None:

@@ -32,13 +32,10 @@ from ptl_rl.core._reprs import env_name, stage_repr
 from ptl_rl.core.batch import TransitionBatch
 from ptl_rl.core.clock import StageClock
 from ptl_rl.core.episode import Episode
-from ptl_rl.core.protocols import Agent, RankAware, Stateful
+from ptl_rl.core.protocols import Agent, EnvLike, RankAware, Stateful
 from ptl_rl.core.stage import Stage
 from ptl_rl.core.versions import check_version, versioned
-from ptl_rl.envs.checks import (
-    NEXT_STEP,
-    SAME_STEP,
-)
+from ptl_rl.envs.checks import NEXT_STEP, SAME_STEP
 from ptl_rl.stages.agent_call import AgentCall
 from ptl_rl.stages.env_stepper import EnvStepper
 from ptl_rl.stages.episodes import EpisodeTracker
@@ -132,7 +129,7 @@ class ExperienceSource(Stage[TransitionBatch]):
 
     def __init__(
         self,
-        env: Any,
+        env: EnvLike,
         agent: Agent,
         *,
         gamma: float = 0.99,
@@ -221,7 +218,7 @@ class ExperienceSource(Stage[TransitionBatch]):
     def snapshot(self) -> object:
         return None  # an env cannot be stepped back: restore resets every sub-env instead
 
-    def restore(self, snapshot: Any) -> None:
+    def restore(self, snapshot: object) -> None:
         """After a step cut short: the next step resets every sub-env (episodes in progress are abandoned)."""
         self._obs = None
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 
-def implements(obj: Any, protocol: type) -> bool:
+def implements(obj: object, protocol: type) -> bool:
     """``isinstance(obj, protocol)`` for a protocol of methods only, decided once per class of ``obj``.
 
     ``isinstance`` against a runtime protocol looks every member up each time
@@ -29,7 +28,7 @@ def _class_implements(kind: type, protocol: type) -> bool:
 _CALLED_DUNDERS = ("__call__", "__iter__", "__len__", "__next__")
 
 
-def missing_members(obj: Any, protocol: type) -> list[str]:
+def missing_members(obj: object, protocol: type) -> list[str]:
     """The members of ``protocol`` that ``obj`` lacks, for an error message (empty when ``obj`` has them all)."""
     members = list(getattr(protocol, "__annotations__", {}))
     members += [

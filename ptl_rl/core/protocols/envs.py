@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 
 @runtime_checkable
 class Env(Protocol):
     """A single environment: gymnasium's ``Env`` (``reset(seed=...) -> (obs, info)``, ``step(action) -> (obs,
-    reward, terminated, truncated, info)``) with its two spaces. The source treats it as one sub-env."""
+    reward, terminated, truncated, info)``) with its two spaces. The source treats it as one sub-env.
+
+    (The spaces and the observations are ``Any``: gymnasium's ``Env`` is generic in them, and a protocol
+    member narrower than ``Any`` would refuse an env typed with its own.)
+    """
 
     observation_space: Any
     action_space: Any
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]: ...
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]: ...
 
-    def step(self, action: Any) -> tuple[Any, Any, Any, Any, dict]: ...
+    # positional-only: gymnasium's VectorEnv names it `actions`, its Env `action`
+    def step(self, action: Any, /) -> tuple[Any, Any, Any, Any, dict[str, Any]]: ...
 
 
 @runtime_checkable
@@ -29,4 +36,4 @@ class VectorEnv(Env, Protocol):
 
 
 #: What :class:`~ptl_rl.ExperienceSource` accepts (an EnvPool pool is adapted on the way in).
-EnvLike = Env | VectorEnv
+EnvLike: TypeAlias = Env | VectorEnv

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     from ptl_rl.core.batch import TransitionBatch
@@ -12,6 +12,11 @@ if TYPE_CHECKING:
     from ptl_rl.core.protocols.storages import Storage
 
 T_co = TypeVar("T_co", covariant=True)
+
+#: The end of a pipeline, as the functions that walk one take it (:func:`~ptl_rl.pipeline_stages`, the callbacks):
+#: its last stage (any iterator; a :class:`StageLike` is followed upstream) or the DataLoader that
+#: :func:`~ptl_rl.to_dataloader` made over it.
+Pipeline: TypeAlias = Iterable[object]
 
 
 @runtime_checkable

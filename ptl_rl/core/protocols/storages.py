@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 if TYPE_CHECKING:
     from ptl_rl.core.batch import TransitionBatch
+
+#: what a storage's snapshot is (its own choice: a tuple of counters and references)
+SnapshotT = TypeVar("SnapshotT")
 
 
 @runtime_checkable
@@ -44,18 +47,19 @@ class Storage(Protocol):
 
 
 @runtime_checkable
-class RollbackStorage(Protocol):
+class RollbackStorage(Protocol[SnapshotT]):
     """A storage whose ``add`` changes more than its counters (per-env bookkeeping): it takes its own snapshots.
 
     An interrupted ``add`` is redone in full by the buffer: it restores the
     snapshot taken before the add, then adds the batch again. Without these
     methods the buffer rolls back ``cursor``, ``size`` and ``total_added``,
-    which suffices for a storage that rewrites whole rows.
+    which suffices for a storage that rewrites whole rows. Generic in the snapshot's type: ``restore`` takes
+    what ``snapshot`` returned.
     """
 
-    def snapshot(self) -> Any: ...
+    def snapshot(self) -> SnapshotT: ...
 
-    def restore(self, snapshot: Any) -> None: ...
+    def restore(self, snapshot: SnapshotT) -> None: ...
 
 
 @runtime_checkable
@@ -90,6 +94,6 @@ class StreamBoundStorage(Protocol):
     upstream's :class:`NumberedStream` number (or ``None``).
     """
 
-    def bind_upstream(self, upstream: Any) -> None: ...
+    def bind_upstream(self, upstream: Iterator[TransitionBatch] | None) -> None: ...
 
     def note_stream_seq(self, batch: TransitionBatch, seq: int | None) -> None: ...

@@ -134,13 +134,13 @@ class FrameCheckpoint(FrameJournal):
         axis = self.stack_axis % (len(frame) + 1)
         return (*frame[:axis], stack, *frame[axis:])
 
-    def save(self, directory: str | os.PathLike) -> str:
+    def save(self, directory: str | os.PathLike[str]) -> str:
         """Write the storage to ``directory`` atomically (see :func:`ptl_rl.replay.persist.save_directory`)."""
         from ptl_rl.replay.persist import save_directory
 
         return save_directory(self, directory)
 
-    def load(self, directory: str | os.PathLike) -> None:
+    def load(self, directory: str | os.PathLike[str]) -> None:
         """Fill this storage from a directory written by :meth:`save`; a half-written one is refused."""
         from ptl_rl.replay.persist import load_directory
 

@@ -66,7 +66,7 @@ class CompiledInsert(FrameInsert):
     """The compiled insert of a FrameStorage (its fifth layer): a kernel call, then one commit statement."""
 
     _compiled: bool
-    _journal: UnfinishedAdd  # the storage's own record of an add under way (see FrameJournal.add)
+    _journal: UnfinishedAdd[tuple[Any, ...]]  # the storage's own record of an add under way (see FrameJournal.add)
 
     @property
     def compiled(self) -> bool:
@@ -83,7 +83,7 @@ class CompiledInsert(FrameInsert):
             raise ValueError("the compiled insert ptl_rl.replay._frame_insert is not built (see the README)")
         self._compiled, self._kernel = bool(value), None
 
-    def try_atomic_add(self, batch: TransitionBatch, record: UnfinishedAdd) -> np.ndarray | None:
+    def try_atomic_add(self, batch: TransitionBatch, record: UnfinishedAdd[tuple[Any, ...]]) -> np.ndarray | None:
         """Add ``batch`` with the compiled kernel and mark ``record`` done in the statement that commits it.
 
         Returns the slots written (int64 [B]), or ``None`` when the batch is not
@@ -141,7 +141,8 @@ class CompiledInsert(FrameInsert):
         # the commit: one statement (no Python code runs in it), its targets on one line so that a line tracer
         # cannot stop it between two stores either: the record done, the new state swapped in, the counters
         r.done, s._state, s._spare, s._retained, s._seen_seq, f.cursor, f.size, f.total_added = new
-        return bound.windows[count][cursor]
+        slots: np.ndarray = bound.windows[count][cursor]
+        return slots
 
     def _bind_kernel(self) -> _Bound | bool | None:
         """The kernel holding this storage's arrays; ``None`` before they exist, ``False`` if not covered."""

@@ -9,7 +9,7 @@ numbered stream resolves what waits from the batches' own ``next_obs`` (retained
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ class FrameLinks(FramePool):
     _spare: EnvState  # same shape as _state: where the compiled insert writes the state it commits
     _pending: np.ndarray  # [E, n + 1, S, *frame]: pending next_obs stacks (checked mode)
     _pending_backup: tuple[int, np.ndarray, np.ndarray] | None
-    _upstream: Any
+    _upstream: Iterator[TransitionBatch] | None
     _seen_seq: int | None  # stream_seq of the upstream's batch added last
     # (batch, its stream_seq) of the last few batches pulled or added: a batch keeps the number it had when it
     # was pulled, though the upstream has moved on by the time an interrupted add of it is done again
@@ -62,7 +62,7 @@ class FrameLinks(FramePool):
     def total_added(self) -> int:
         return self._fields.total_added
 
-    def bind_upstream(self, upstream: Any) -> None:
+    def bind_upstream(self, upstream: Iterator[TransitionBatch] | None) -> None:
         """Take ``n_step`` from the upstream stage when it was not given (an ``NStepTransform``'s ``n``, else 1).
 
         A numbered upstream (``stream_seq``) also lets ``check=None`` trust the stacks' structure.

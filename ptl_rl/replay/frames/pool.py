@@ -36,7 +36,8 @@ def rows_bitwise_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         if width % np.dtype(word).itemsize == 0:
             a, b = a.view(word), b.view(word)
             break
-    return (a == b).all(axis=1)
+    equal: np.ndarray = (a == b).all(axis=1)
+    return equal
 
 
 class FramePool:
@@ -154,7 +155,8 @@ class FramePool:
     def _alive(self, refs: np.ndarray, writes_ahead: int) -> np.ndarray:
         """Rows of ``refs`` [R, S] whose frames survive ``writes_ahead`` more frame writes (bool [R])."""
         floor = max(self.frames_written + writes_ahead - self.pool_size, 0)
-        return refs.min(axis=1) >= floor
+        alive: np.ndarray = refs.min(axis=1) >= floor
+        return alive
 
     def _write_frames(self, frames: np.ndarray, as_range: bool = False) -> np.ndarray:
         """Append ``frames`` [m, *frame] to the pool ring; returns their absolute positions (int64 [m]).

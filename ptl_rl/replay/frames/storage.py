@@ -106,8 +106,8 @@ class FrameStorage(FrameCheckpoint):
         stack_axis: int | None = None,
         n_step: int | None = None,
         extra_frames: int | None = None,
-        memmap_dir: str | os.PathLike | None = None,
-        checkpoint_dir: str | os.PathLike | None = None,
+        memmap_dir: str | os.PathLike[str] | None = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
         check: bool | None = None,
         frame_key: str | None = None,
     ) -> None:
@@ -167,7 +167,8 @@ class FrameStorage(FrameCheckpoint):
             return np.zeros(np.shape(indices), dtype=bool)
         floor = max(self.frames_written - self.pool_size, 0)
         obs_ok = self._obs_refs[indices].min(axis=-1) >= floor
-        return obs_ok & (self._next_refs[indices].min(axis=-1) >= floor)
+        sampleable: np.ndarray = obs_ok & (self._next_refs[indices].min(axis=-1) >= floor)
+        return sampleable
 
     @property
     def num_sampleable(self) -> int:
