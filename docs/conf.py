@@ -64,7 +64,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(?!ptl_rl\b).*"),
     (r"py:mod", r".*"),
     # type variables: a signature's placeholder (a stage's output type, a callable's result), no object to link
-    (r"py:(class|obj)", r"ptl_rl\.core\.(stage|guard|protocols)\.(T|T_co|R)"),
+    (r"py:(class|obj)", r"ptl_rl\.core\.(stage|guard|protocols(\.\w+)?)\.(T|T_co|R)"),
 ]
 # Internal helpers that docstrings name for the curious reader but that are not part of the API.
 nitpick_ignore = [
