@@ -1,4 +1,4 @@
-"""Shared by the benchmark scripts: the records they append, the facts of the machine, the README's tables.
+"""Shared by the benchmark scripts: the records they append, the facts of the machine, the docs' tables.
 
 Every benchmark run appends one record to ``benchmarks/results/<name>.json``
 (a JSON list, oldest first). A record of ``e2e.py``, ``collection.py``,
@@ -29,9 +29,10 @@ Every benchmark run appends one record to ``benchmarks/results/<name>.json``
 ``repeats``
     every repeat's value, in the order they ran.
 
-``--table`` (every script) prints the README's table(s) from the records, with
-no measuring: the text the README carries, each row naming the run(s) it comes
-from; where several records hold a row, a cell gives the range over them.
+``--table`` (every script) prints its table(s) from the records, with no
+measuring: the text ``docs/benchmarks.rst`` carries (and ``README.rst``, for
+the one results table it shows), each row naming the run(s) it comes from;
+where several records hold a row, a cell gives the range over them.
 ``--results PATH`` reads and appends another file (a trial run, a test), and
 ``--since DATE`` / ``--last N`` restrict the table to newer or to the latest
 records. The records of ``mujoco.py``, ``her_bitflip.py``, ``fetch_reach.py``,
@@ -39,7 +40,7 @@ records. The records of ``mujoco.py``, ``her_bitflip.py``, ``fetch_reach.py``,
 (see each script) and get ``date`` and ``machine`` too; older ones have no
 date and are shown as ``undated``.
 
-    .venv/bin/python benchmarks/_records.py --check    # every --table output is in README.rst, verbatim
+    .venv/bin/python benchmarks/_records.py --check    # every --table output is on its pages, verbatim
 """
 
 from __future__ import annotations
@@ -62,19 +63,31 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 UNDATED = "undated"
-# the scripts whose --table the README's "Benchmarks" and "Results: MuJoCo at published scale" sections paste
-README_TABLES = (
-    "e2e.py",
-    "collection.py",
-    "buffer.py",
-    "prioritized.py",
-    "sequence.py",
-    "rollout.py",
-    "lightning_overhead.py",
-    "pixels.py",
-    "scaleout.py",
-    "mujoco.py",
-)
+# the pages that paste --table outputs, and the scripts whose tables each must hold verbatim: the benchmarks page
+# every table, the README its one results table
+BENCHMARKS_PAGE = "docs/benchmarks.rst"
+PAGE_TABLES = {
+    BENCHMARKS_PAGE: (
+        "mujoco.py",
+        "her_bitflip.py",
+        "fetch_reach.py",
+        "r2d2_cartpole.py",
+        "recurrent_ppo_cartpole.py",
+        "e2e.py",
+        "collection.py",
+        "buffer.py",
+        "prioritized.py",
+        "sequence.py",
+        "rollout.py",
+        "lightning_overhead.py",
+        "pixels.py",
+        "scaleout.py",
+        "guard.py",
+    ),
+    "README.rst": ("mujoco.py",),
+}
+# a script whose table has no rows until its first record is committed: checked from then on
+AWAITING_RECORDS = {"guard.py": RESULTS / "guard.json"}
 _OPTIONS = ("table", "results", "since", "last")  # the options added by add_options: not part of a run's config
 
 
@@ -199,7 +212,7 @@ def _shown(path: Path) -> str:
 
 def add_options(parser: argparse.ArgumentParser, name: str) -> None:
     """``--table``, ``--results``, ``--since`` and ``--last``: the options every benchmark script shares."""
-    parser.add_argument("--table", action="store_true", help="print the README's table(s) from the records and exit")
+    parser.add_argument("--table", action="store_true", help="print the docs' table(s) from the records and exit")
     parser.add_argument("--results", type=Path, default=results_path(name), help="the JSON file of records")
     parser.add_argument("--since", default=None, help="--table: only records of this date (UTC, ISO) or later")
     parser.add_argument("--last", type=int, default=None, help="--table: only the latest N records")
@@ -315,34 +328,57 @@ def get(*keys: str) -> Callable[[dict[str, Any]], Any]:
     return read
 
 
-# ---------------------------------------------------------------------------- the README check
-def check(readme: Path = ROOT / "README.rst") -> int:
-    """Run every README script's ``--table``; each block of its output must be in ``readme`` verbatim."""
-    text, failures = readme.read_text(), 0
-    for script in README_TABLES:
-        done = subprocess.run(
-            [sys.executable, str(ROOT / "benchmarks" / script), "--table"], capture_output=True, text=True, check=False
-        )
-        if done.returncode != 0:
-            print(f"{script} --table failed:\n{done.stderr[-2000:]}")
-            failures += 1
-            continue
-        blocks = [b for b in done.stdout.strip("\n").split("\n\n") if b.strip()]
-        missing = [b for b in blocks if b not in text]
-        failures += bool(missing)
-        print(f"{script:24s} {len(blocks) - len(missing)}/{len(blocks)} blocks in {readme.name}")
-        for block in missing:
-            print("  missing:\n    " + block.replace("\n", "\n    "))
+# ---------------------------------------------------------------------------- the pages check
+def _literal_text(text: str) -> str:
+    """``text`` with the 4-space indent of literal blocks removed: a plain-text table is pasted as one (``::``)."""
+    return "\n".join(line[4:] if line.startswith("    ") else line for line in text.splitlines())
+
+
+def table_blocks(script: str) -> list[str] | None:
+    """The blocks (separated by blank lines) that ``script --table`` prints, or ``None`` if it failed."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--table"], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        print(f"{script} --table failed:\n{done.stderr[-2000:]}")
+        return None
+    return [b for b in done.stdout.strip("\n").split("\n\n") if b.strip()]
+
+
+def check(pages: dict[str, Sequence[str]] = PAGE_TABLES, root: Path = ROOT) -> int:
+    """Run each page's scripts' ``--table``; every block of the output must be on the page verbatim (a plain-text
+    table in a literal block counts). Returns the number of failures."""
+    failures, outputs = 0, {}
+    for page, scripts in pages.items():
+        raw = (root / page).read_text()
+        texts = (raw, _literal_text(raw))
+        for script in scripts:
+            waiting = AWAITING_RECORDS.get(script)
+            if waiting is not None and not waiting.exists():
+                print(f"{script:26s} no records yet ({_shown(waiting)}): not checked on {page}")
+                continue
+            if script not in outputs:
+                outputs[script] = table_blocks(script)
+            blocks = outputs[script]
+            if blocks is None:
+                failures += 1
+                continue
+            missing = [b for b in blocks if not any(b in text for text in texts)]
+            failures += bool(missing)
+            print(f"{script:26s} {len(blocks) - len(missing)}/{len(blocks)} blocks in {page}")
+            for block in missing:
+                print("  missing:\n    " + block.replace("\n", "\n    "))
     return failures
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="check README.rst against every script's --table")
-    parser.add_argument("--readme", type=Path, default=ROOT / "README.rst")
+    parser.add_argument(
+        "--check", action="store_true", help=f"check {BENCHMARKS_PAGE} and README.rst against the scripts' --table"
+    )
     args = parser.parse_args()
     if args.check:
-        raise SystemExit(1 if check(args.readme) else 0)
+        raise SystemExit(1 if check() else 0)
     parser.print_help()
 
 

@@ -13,7 +13,7 @@ Each run appends a record (date, commit, load, machine, arguments, medians,
 every repeat: ``_records.py``) to ``benchmarks/results/buffer.json``.
 
     python benchmarks/buffer.py [--capacity 100000] [--ops 20000] [--repeats 5]
-    python benchmarks/buffer.py --table      # the README's table, from the records
+    python benchmarks/buffer.py --table      # the docs' table, from the records
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def measure(capacity: int, ops: int) -> dict[str, float]:
     }
 
 
-ROWS = {  # the README's rows: (label, limit, ptl_rl, goal)
+ROWS = {  # the docs' rows: (label, limit, ptl_rl, goal)
     "add": ("add 8 rows (one vector step of 8 envs)", "bare_add", "ours_add", ">= 0.9"),
     "sample": ("sample 256 to torch, limit gathers with ``v[idx]``", "bare_sample", "ours_sample", ">= 1.0"),
     "sample_take": ("sample 256 to torch, limit gathers with ``take``", "bare_take_sample", "ours_sample", "-"),
@@ -114,7 +114,7 @@ ROWS = {  # the README's rows: (label, limit, ptl_rl, goal)
 
 
 def table(records: list[dict]) -> str:
-    """The README's table: operations/s of the bare ring and of ptl_rl, and their ratio, from the records."""
+    """The docs' table: operations/s of the bare ring and of ptl_rl, and their ratio, from the records."""
     rows = []
     for key, (label, limit, ours, goal) in ROWS.items():
         held = _records.having(records, key)

@@ -18,7 +18,7 @@ record (date, commit, load, machine, arguments, medians, every repeat, the last 
 ``_records.py``) to ``benchmarks/results/collection.json``.
 
     python benchmarks/collection.py [--steps 16000] [--repeats 7]
-    python benchmarks/collection.py --table      # the README's tables, from the records
+    python benchmarks/collection.py --table      # the docs' tables, from the records
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ CASES = {  # record key: (envs, balancing MLP, goal)
 
 
 def table(records: list[dict]) -> str:
-    """The README's tables: collection and add ratios; the profile's stage shares and the accounting's cost."""
+    """The docs' tables: collection and add ratios; the profile's stage shares and the accounting's cost."""
     cell, rows = _records.cell, []
     for case, (_, _, goal) in CASES.items():
         held = _records.having(records, case)

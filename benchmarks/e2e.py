@@ -1,7 +1,7 @@
 """End to end: ptl_rl's examples against CleanRL's hand-written loops, same recipe, CPU per env step.
 
     python benchmarks/e2e.py --cleanrl /path/to/cleanrl [--repeats 3] [--workloads dqn dqn-4 dqn-8 ppo]
-    python benchmarks/e2e.py --table      # the README's table, from benchmarks/results/e2e.json
+    python benchmarks/e2e.py --table      # the docs' table, from benchmarks/results/e2e.json
 
 A user who moves from a hand-written loop to ptl_rl should not pay for it. Each
 workload runs CleanRL's single file (``dqn.py``, ``ppo.py``, read from the
@@ -77,7 +77,7 @@ WORKLOADS = {
     "dqn-8-k10": ("dqn.py", "dqn", 8, GROUPED),
     "ppo": ("ppo.py", "ppo", 4, []),
 }
-LABELS = {  # the README's name of each workload
+LABELS = {  # the docs' name of each workload
     "dqn": "DQN, 1 env (``dqn.py`` recipe)",
     "dqn-k10": "the same, ``--batches-per-step 10``",
     "dqn-4": "DQN, 4 envs",
@@ -121,7 +121,7 @@ def cost_us(side: str, workload: str, args: argparse.Namespace, seed: int, scrat
 
 
 def table(records: list[dict]) -> str:
-    """The README's table: per workload, CPU us per env step of both sides and the ratio, from the records."""
+    """The docs' table: per workload, CPU us per env step of both sides and the ratio, from the records."""
     rows = []
     for w, label in LABELS.items():
         held = _records.having(records, w)

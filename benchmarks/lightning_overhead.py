@@ -31,7 +31,7 @@ the variants run interleaved, repeat by repeat. Each run appends a record
 ``_records.py``) to ``benchmarks/results/lightning_overhead.json``.
 
     python benchmarks/lightning_overhead.py [--steps 2000] [--repeats 5]
-    python benchmarks/lightning_overhead.py --table      # the README's table, from the records
+    python benchmarks/lightning_overhead.py --table      # the docs' table, from the records
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ LABELS = {
 
 
 def table(records: list[dict]) -> str:
-    """The README's table: gradient steps/s per variant, its ratio to the plain loop, and where the time goes."""
+    """The docs' table: gradient steps/s per variant, its ratio to the plain loop, and where the time goes."""
     cell, rows = _records.cell, []
     for name, label in LABELS.items():
         held = _records.having(records, name)

@@ -20,7 +20,7 @@ load at start and end and the run directory; since issue #33 also ``date``
 Python, numpy, torch, ptl_rl versions: ``_records.py``). Older records have
 neither: the table counts them as ``undated``.
 
-``--table`` prints the README's table from the records: a cell with several
+``--table`` prints the results table from the records: a cell with several
 seeds gives their mean +- the sample standard deviation (``statistics.stdev``),
 one run its value alone.
 
@@ -171,7 +171,7 @@ def cpu_side_by_side(rows: list[dict[str, Any]]) -> str:
 
 
 def rst_table() -> str:
-    """The README's results table: per algo, env and budget, ptl_rl's seeds and CleanRL here and published.
+    """The results table (README, docs): per algo, env and budget, ptl_rl's seeds and CleanRL here and published.
 
     A cell with several runs gives mean +- sample SD (``statistics.stdev``) and n; one run, its value alone.
     """

@@ -38,7 +38,7 @@ versions, arguments, medians, every round: ``_records.py``) to
 alone. The Ptan figure is quoted, not measured: it is printed, never recorded.
 
     python benchmarks/pixels.py [--capacity 100000] [--repeats 7] [--no-install] [--only insert]
-    python benchmarks/pixels.py --table      # the README's tables, from the records
+    python benchmarks/pixels.py --table      # the docs' tables, from the records
 """
 
 from __future__ import annotations
@@ -385,7 +385,7 @@ def insert_rates(capacity: int, rounds: int, calls: int) -> dict[str, list[float
     return rates
 
 
-# ---------------------------------------------------------------------------- the README's tables
+# ---------------------------------------------------------------------------- the docs' tables
 INSERT_LABELS = {
     "ptl_rl trusted": "``FrameStorage.add``, trusted (``check=False``)",
     "buffer.add trusted": "``ReplayBuffer.add``, trusted",
@@ -397,7 +397,7 @@ INSERT_LABELS = {
 
 
 def table(records: list[dict[str, Any]]) -> str:
-    """The README's tables: bytes per transition, sample(256) speed, insert speed, from the records."""
+    """The docs' tables: bytes per transition, sample(256) speed, insert speed, from the records."""
     cell, runs, out = _records.cell, _records.runs, []
     memory = []
     for label in dict.fromkeys(k for r in records for k in r["medians"].get("memory", {})):

@@ -50,7 +50,7 @@ arguments, medians, every round: ``_records.py``) to
 ``benchmarks/results/prioritized.json``.
 
     python benchmarks/prioritized.py [--size 100000] [--batch 256] [--rounds 7] [--calls 300]
-    python benchmarks/prioritized.py --table      # the README's table, from the records
+    python benchmarks/prioritized.py --table      # the docs' table, from the records
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def speedups(cpu: dict[str, list[float]], name: str) -> dict[str, float]:
 
 
 def table(records: list[dict]) -> str:
-    """The README's table: per variant and implementation, CPU us per call and ptl_rl's speed-up over it."""
+    """The docs' table: per variant and implementation, CPU us per call and ptl_rl's speed-up over it."""
     rows = []
     for variant in VARIANTS:
         for name in dict.fromkeys(n for r in records for n in r.get("medians", {}).get(variant, {})):

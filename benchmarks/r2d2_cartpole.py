@@ -8,7 +8,7 @@ Both arms run ``ptl_rl/examples/r2d2.py`` with its defaults (the flags are in
 each record) on ``CartPoleNoVelocity-v1`` (cart position and pole angle only):
 ``--core lstm`` and ``--core mlp`` (``--feed-forward``: the LSTM cell replaced
 by a ReLU layer of the same width; the same pipeline, replay, targets and
-budget). The default budget is the README's 200,000 env steps.
+budget). The default budget is the 200,000 env steps of docs/benchmarks.rst.
 Training stops early once a greedy evaluation (20 episodes) reaches
 475 and 20 fresh episodes confirm it; the score is the final greedy mean
 return over 20 fresh episodes. Each run appends one record to

@@ -25,7 +25,7 @@ Each run appends a record (date, commit, load, machine, arguments, medians,
 every repeat: ``_records.py``) to ``benchmarks/results/rollout.json``.
 
     python benchmarks/rollout.py [--steps 40000] [--repeats 5] [--ppo-seeds 1 2 3] [--ppo-steps 25600]
-    python benchmarks/rollout.py --table      # the README's tables, from the records
+    python benchmarks/rollout.py --table      # the docs' tables, from the records
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def bench_ppo(args: argparse.Namespace, medians: dict, repeats: dict) -> None:
 
 
 def table(records: list[dict]) -> str:
-    """The README's tables: the rollout stage and PPO training against their raw loops; PPO's time to 475."""
+    """The docs' tables: the rollout stage and PPO training against their raw loops; PPO's time to 475."""
     cell, rows = _records.cell, []
     labels = {
         "NextStep": "rollout stage, next-step autoreset (CPU)",

@@ -38,7 +38,7 @@ average next to every result. Timings live here, never in tests. Each part
 appends a record (``benchmark``: ``scaleout dqn``, ``scaleout throughput``,
 ...; date, commit, load, machine, arguments, medians, every repeat:
 ``_records.py``) to ``benchmarks/results/scaleout.json``;
-``python benchmarks/scaleout.py --table`` prints the README's tables from them.
+``python benchmarks/scaleout.py --table`` prints the docs' tables from them.
 """
 
 from __future__ import annotations
@@ -500,7 +500,7 @@ def measure(name: str, command: Any, args: argparse.Namespace) -> None:
 
 
 def table(records: list[dict[str, Any]]) -> str:
-    """The README's tables, one per part, from the records of each part."""
+    """The docs' tables, one per part, from the records of each part."""
     cell, runs, out = _records.cell, _records.runs, []
     dqn = [r for r in records if r["benchmark"] == "scaleout dqn"]
     if dqn:

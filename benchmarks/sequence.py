@@ -14,7 +14,7 @@ machine, arguments, medians, every round: ``_records.py``) to
 ``benchmarks/results/sequence.json``.
 
     python benchmarks/sequence.py [--batch 32] [--length 80] [--sizes 100000 1000000]
-    python benchmarks/sequence.py --table      # the README's table, from the records
+    python benchmarks/sequence.py --table      # the docs' table, from the records
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def short(size: int) -> str:
 
 
 def table(records: list[dict]) -> str:
-    """The README's table: CPU us per batch at each size, the ratio to the bare gather, and 1M / 100k."""
+    """The docs' table: CPU us per batch at each size, the ratio to the bare gather, and 1M / 100k."""
     cell, rows = _records.cell, []
     sizes = sorted({int(size) for r in records for case in r["medians"]["sample"].values() for size in case})
     for case in dict.fromkeys(case for r in records for case in r["medians"]["sample"]):

@@ -1,7 +1,7 @@
 """Learning test: on CartPole without velocities the R2D2-lite LSTM learns, the same network without memory does not.
 
-Reaching 475 takes the LSTM 95k-110k env steps (seeds 0-2, ``benchmarks/r2d2_cartpole.py``, README "R2D2-lite
-on CartPole without velocities"), 6-7 CPU minutes, too long for a test. So this test runs both arms of
+Reaching 475 takes the LSTM 95k-110k env steps (seeds 0-2, ``benchmarks/r2d2_cartpole.py``, its table in
+docs/benchmarks.rst), 6-7 CPU minutes, too long for a test. So this test runs both arms of
 the example for 40k env steps (seed 0, the example's defaults otherwise; about 3 CPU minutes together) and
 asserts the weaker but clear gap the full runs show from 30k steps on: the feed-forward arm's greedy return stays
 near 40 at every evaluation of every seed (the best a policy without velocities manages), the LSTM's is several

@@ -1,7 +1,7 @@
 """Learning test: on CartPole without velocities recurrent PPO learns, the same network without memory does not.
 
 Reaching 475 takes the LSTM arm 110k-140k env steps on seeds 0-2 within a 200k budget
-(``benchmarks/recurrent_ppo_cartpole.py``, README "Recurrent PPO on CartPole without velocities"), 4-5 CPU
+(``benchmarks/recurrent_ppo_cartpole.py``, its table in docs/benchmarks.rst), 4-5 CPU
 minutes; the feed-forward arm's greedy return stays between 38 and 47 at every evaluation. This test runs
 both arms of the example for 30k env steps (seed 0, the example's defaults otherwise, the learning rate and
 clip range annealed over those 30k; about 2 CPU minutes together) and asserts the gap: a shortened run of the

@@ -1,6 +1,6 @@
 """An env written for gym 0.21 (``reset() -> obs``, no ``seed``; ``step() -> 4-tuple``) is refused with the fix.
 
-README: "Bad input fails early with the problem and the fix: a non-gymnasium env,
+docs/pipeline.rst: "Bad input fails early with the problem and the fix: a non-gymnasium env,
 the old 4-tuple step API, ...". Such an env used to reach ``ExperienceSource``'s
 first reset and end in a bare ``TypeError: reset() got an unexpected keyword
 argument 'seed'``. Where the old ``reset`` can be seen (the env itself, the

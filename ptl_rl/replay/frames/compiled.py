@@ -80,7 +80,7 @@ class CompiledInsert(FrameInsert):
     @compiled.setter
     def compiled(self, value: bool) -> None:
         if value and _frame_insert is None:
-            raise ValueError("the compiled insert ptl_rl.replay._frame_insert is not built (see the README)")
+            raise ValueError("the compiled insert ptl_rl.replay._frame_insert is not built (see docs/pixels.rst)")
         self._compiled, self._kernel = bool(value), None
 
     def try_atomic_add(self, batch: TransitionBatch, record: UnfinishedAdd[tuple[Any, ...]]) -> np.ndarray | None:
