@@ -109,7 +109,7 @@ def test_a_loader_iterator_goes_on_after_an_interrupt_inside_next(steps_per_epoc
     # interrupted call does not count as one of the epoch's batches
     net, sampler = build_pipeline()
     source = ptl_rl.find_stage(sampler, ptl_rl.ExperienceSource)
-    env_step = source._env_step
+    env_step = source._env.step
     calls = {"n": 0, "at": -1}  # armed after the first batch: the next env step raises
 
     def interrupted_once(*args, **kwargs):
@@ -118,7 +118,7 @@ def test_a_loader_iterator_goes_on_after_an_interrupt_inside_next(steps_per_epoc
             raise KeyboardInterrupt
         return env_step(*args, **kwargs)
 
-    source._env_step = interrupted_once
+    source._env.step = interrupted_once
     loader = ptl_rl.to_dataloader(sampler, steps_per_epoch=steps_per_epoch)
     it = iter(loader)
     got, interrupts = 0, 0
