@@ -69,7 +69,7 @@ SPECS: list[tuple[str, str, list[str], list[tuple[str, str, bool]]]] = [
     (
         "prioritized",
         "prioritized.py",
-        ["--rounds", "5", "--no-install"],
+        ["--rounds", "5"],
         [
             ("prioritized sample + update, numpy (us)", "numpy.ptl_rl.cpu_us", False),
             ("prioritized sample + update, torch (us)", "torch.ptl_rl.cpu_us", False),
