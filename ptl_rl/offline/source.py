@@ -95,7 +95,8 @@ class MinariSource(Stage[TransitionBatch]):
     is read as truncated there), ``discount`` float32 [B] = gamma, ``env_id`` int64 [B].
 
     A ``next()`` cut short (an interrupt, an error while reading) is rolled
-    back whole: the next ``next()`` yields the rows it would have yielded.
+    back whole: the next ``next()`` yields the rows it would have yielded
+    (only a cut as the finished step returns loses them, as in any stage).
     """
 
     one_row_per_env = True  # each yielded batch holds at most one transition per lane
