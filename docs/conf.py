@@ -69,7 +69,7 @@ nitpick_ignore_regex = [
 ]
 # Internal helpers that docstrings name for the curious reader but that are not part of the API.
 nitpick_ignore = [
-    ("py:class", "ptl_rl.distributed.common.StalenessTracker"),
+    ("py:class", "ptl_rl.distributed.intake.StalenessTracker"),
     ("py:func", "ptl_rl.replay.persist.save_directory"),
     # type variables: a signature's placeholder (find_stage returns an instance of the class it is given), no object
     ("py:class", "ptl_rl.core.chain.StageT"),

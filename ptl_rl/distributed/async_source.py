@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import queue
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -31,16 +31,8 @@ from ptl_rl.core.batch import TransitionBatch
 from ptl_rl.core.ranks import distributed_rank
 from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.distributed.collector_process import POLL_S, collector_main
-from ptl_rl.distributed.common import (
-    VERSION_FIELD,
-    EpisodeCounters,
-    Factory,
-    RemoteEpisodes,
-    StalenessTracker,
-    WorkerInfo,
-    weights_of,
-    worker_rank,
-)
+from ptl_rl.distributed.common import VERSION_FIELD, Factory, WorkerInfo, factory_name, weights_of, worker_rank
+from ptl_rl.distributed.intake import RemoteSource
 from ptl_rl.distributed.process_control import LIVE, check_importable, context, describe_exit, stop_process
 from ptl_rl.distributed.shared_weights import SharedWeights
 from ptl_rl.distributed.shm_ring import RingReader
@@ -50,7 +42,7 @@ class CollectorError(RuntimeError):
     """The collector (a background process or a remote worker) failed; the message holds its traceback."""
 
 
-class AsyncSource(RemoteEpisodes):
+class AsyncSource(RemoteSource):
     """A source stage whose env steps run in a background process while the learner trains.
 
     Args:
@@ -105,9 +97,10 @@ class AsyncSource(RemoteEpisodes):
     interrupted inside ``next()``, and when the collector fails). A later
     ``next()`` after a close or an interrupt starts a new process whose envs
     begin new episodes (as after a checkpoint restore); the counters carry on.
+    A ``next()`` cut short (an interrupt, an error) is a cut of the stage's
+    stream (:class:`~ptl_rl.Stage`): the rows it had received are lost, never
+    half taken in, and the next ``next()`` starts from a fresh collector.
     """
-
-    one_row_per_env = False  # an n-step stage may run in the child
 
     def __init__(
         self,
@@ -135,14 +128,12 @@ class AsyncSource(RemoteEpisodes):
         if shared_memory_mb is not None and shared_memory_mb <= 0:
             raise ValueError(f"shared_memory_mb must be > 0 (or None for no ring), got {shared_memory_mb}")
         self.shared_memory_mb = shared_memory_mb
+        super().__init__(factory, stats_window, max_staleness)
         self._ring: tuple[torch.Tensor, Any] | None = None
         self._reader: RingReader | None = None
-        self.factory = factory
         self.policy = policy
         self.queue_size = int(queue_size)
         self.start_timeout = float(start_timeout)
-        self.staleness = StalenessTracker(max_staleness)
-        self.counters = EpisodeCounters(stats_window)
         self.version = 0
         self.rank = 0
         self.incarnation = 0  # processes started so far
@@ -212,6 +203,7 @@ class AsyncSource(RemoteEpisodes):
             daemon=False,  # a daemonic process may not start children, and the collector's AsyncVectorEnv does
         )
         self._proc.start()
+        self.mark_cut()  # a new process: its envs begin new episodes (stages downstream join nothing across it)
         # the learner only reads: without its copy of the write end, a collector that dies in the middle of a
         # message (killed, out of memory) leaves an end of file, not a read that waits for the rest forever
         with contextlib.suppress(AttributeError, OSError):
@@ -228,12 +220,6 @@ class AsyncSource(RemoteEpisodes):
         if proc is not None:
             stop_process(proc, self._stop, self._data_q)
         LIVE.discard(self)
-
-    def __enter__(self) -> AsyncSource:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
@@ -269,33 +255,43 @@ class AsyncSource(RemoteEpisodes):
             self._raise_if_dead()
             raise CollectorError("the collector holds the weights lock for more than 10 s; it is stuck")
 
-    # ------------------------------------------------------------------ iteration
-    def __iter__(self) -> AsyncSource:
-        return self
-
-    def __next__(self) -> TransitionBatch:
-        if self._proc is None:
-            self.start()
+    # ------------------------------------------------------------------ stage
+    def step(self) -> TransitionBatch:
+        """The rows of the collector's next message within ``max_staleness`` (a collector is started if none runs)."""
         try:
+            if self._proc is None:
+                self.start()
             while True:
                 message = self._receive()
                 if message[0] == "error":
-                    self.close()
                     _, kind, text, tb = message
                     raise CollectorError(
                         f"the collector process failed with {kind}: {text}\n"
-                        f"(built by {getattr(self.factory, '__name__', self.factory)!r}; its traceback follows)\n{tb}"
+                        f"(built by {factory_name(self.factory)!r}; its traceback follows)\n{tb}"
                     )
-                _, batch, steps, episodes = message
+                _, received, steps, episodes = message
                 if self._reader is not None:
-                    batch = self._reader.unpack(batch)
-                self.counters.add(steps, episodes)
-                batch = self.staleness.admit(batch, self.version)
+                    received = self._reader.unpack(received)
+                batch = self.intake.take(cast(TransitionBatch, received), steps, episodes, self.version)
                 if len(batch):
                     return batch
-        except KeyboardInterrupt:  # a notebook interrupt inside next(): leave no collector behind
+        except BaseException:
+            # the step was cut (an interrupt while waiting, a failed collector): the guard's restore drops the
+            # collector before the next step; stopping it now too leaves no process behind an interrupted cell
             self.close()
             raise
+
+    def snapshot(self) -> object:
+        return None  # the intake journals each message itself, and a collector cannot be stepped back
+
+    def restore(self, snapshot: object) -> None:
+        """After a step cut short: drop the collector, so that the next step starts a fresh one.
+
+        The cut may have fallen in the middle of reading a message (the queue's pipe is then mid-message) or
+        after a message was taken in (its rows are lost): neither can be continued, and a new collector's
+        envs begin new episodes. The stream is marked cut (the guard does it).
+        """
+        self.close()
 
     def _receive(self) -> tuple[Any, ...]:
         waited = 0.0
@@ -350,18 +346,13 @@ class AsyncSource(RemoteEpisodes):
         self.rank = int(rank)
 
     def staleness_stats(self) -> dict[str, float]:
-        """``policy_version`` lag of the rows taken in (see :class:`~ptl_rl.distributed.common.StalenessTracker`)."""
+        """``policy_version`` lag of the rows taken in (see :class:`~ptl_rl.distributed.intake.StalenessTracker`)."""
         return {"policy_version": float(self.version), **self.staleness.stats()}
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Learner-side state: policy version, env-step and episode counters, staleness counters."""
-        state = {
-            "version": self.version,
-            "incarnation": self.incarnation,
-            "counters": self.counters.state_dict(),
-            "staleness": self.staleness.state_dict(),
-        }
+        state = {"version": self.version, "incarnation": self.incarnation, **self.intake.state_dict()}
         return versioned(state, self.STATE_VERSION)
 
     STATE_VERSION = 1
@@ -372,17 +363,16 @@ class AsyncSource(RemoteEpisodes):
         self.close()
         self.version = int(state["version"])
         self.incarnation = int(state["incarnation"])
-        self.counters.load_state_dict(state["counters"])
-        self.staleness.load_state_dict(state["staleness"])
+        self.intake.load_state_dict(state)
         self._restore_counters = True
         # the restored version acts with the module's (restored) weights at the next start
         self._shared.published = None
+        self.state_replaced()
 
     def __repr__(self) -> str:
-        name = getattr(self.factory, "__name__", type(self.factory).__name__)
         return stage_repr(
             self,
-            name,
+            factory_name(self.factory),
             env_steps=self.total_steps,
             episodes=self.episodes_finished,
             version=self.version,

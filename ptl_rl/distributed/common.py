@@ -1,13 +1,16 @@
-"""What the collectors of every engine share: the factory protocol, version stamps, staleness accounting.
+"""What the collectors of every engine share: the factory protocol, worker ranks, version stamps, weights.
 
 A collector (a background process, a Ray actor) builds its own pipeline by
 calling a user factory, so that nothing unpicklable (an env, a CUDA module, an
 open file) crosses a process boundary: only the factory itself (a module-level
-function or a ``functools.partial`` of one) and plain numpy/tensor data do.
+function or a ``functools.partial`` of one) and plain numpy/tensor data do. What the learner keeps
+of the messages it receives (counters, staleness) is in :mod:`ptl_rl.distributed.intake`.
 """
 
 from __future__ import annotations
 
+import functools
+import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -166,136 +169,10 @@ def weights_of(policy: Any) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in policy.state_dict().items()}
 
 
-class StalenessTracker:
-    """Learner-side staleness: ``learner version - policy_version`` of each row when it is taken in.
-
-    With ``max_staleness`` set, rows older than that are dropped (counted in
-    ``dropped``): the bound is enforced where the staleness is known exactly,
-    when the learner takes the rows, whatever sat in queues in between.
-    """
-
-    def __init__(self, max_staleness: int | None) -> None:
-        if max_staleness is not None and max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
-        self.max_staleness = max_staleness
-        self.dropped = 0
-        self.last = 0
-        self.max_seen = 0
-        self._sum = 0
-        self._rows = 0
-
-    def admit(self, batch: TransitionBatch, version: int) -> TransitionBatch:
-        """``batch`` without its rows that are too stale; updates the counters."""
-        stamps = np.asarray(batch[VERSION_FIELD])
-        if not len(stamps):
-            return batch
-        staleness = version - stamps
-        if self.max_staleness is not None:
-            keep = staleness <= self.max_staleness
-            kept = int(np.count_nonzero(keep))
-            if kept < len(stamps):
-                self.dropped += len(stamps) - kept
-                batch, staleness = batch.rows(keep.nonzero()[0]), staleness[keep]
-        if len(staleness):
-            self.last = int(staleness.max())
-            self.max_seen = max(self.max_seen, self.last)
-            self._sum += int(staleness.sum())
-            self._rows += len(staleness)
-        return batch
-
-    def stats(self) -> dict[str, float]:
-        """``staleness_last`` (max over the last batch), ``staleness_mean``, ``staleness_max``, ``dropped_stale``."""
-        mean = self._sum / self._rows if self._rows else 0.0
-        return {
-            "staleness_last": float(self.last),
-            "staleness_mean": float(mean),
-            "staleness_max": float(self.max_seen),
-            "dropped_stale": float(self.dropped),
-        }
-
-    def state_dict(self) -> dict[str, int]:
-        return {"dropped": self.dropped, "max_seen": self.max_seen, "sum": self._sum, "rows": self._rows}
-
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
-        self.dropped, self.max_seen = int(state["dropped"]), int(state["max_seen"])
-        self._sum, self._rows = int(state["sum"]), int(state["rows"])
-
-
-class EpisodeCounters:
-    """The learner's view of the collectors' env steps and finished episodes (an ExperienceSource's interface)."""
-
-    def __init__(self, stats_window: int = 100) -> None:
-        from collections import deque  # noqa: PLC0415
-
-        self.total_steps = 0
-        self.episodes_finished = 0
-        self._pending: list[Episode] = []
-        self._recent: deque[Episode] = deque(maxlen=stats_window)
-
-    def add(self, steps: int, episodes: list[Episode]) -> None:
-        self.total_steps += int(steps)
-        if episodes:
-            # a worker counts its own steps; the learner's count is the sum, so restamp the episode ends with it
-            episodes = [e._replace(total_steps=self.total_steps) for e in episodes]
-            self.episodes_finished += len(episodes)
-            self._pending.extend(episodes)
-            self._recent.extend(episodes)
-
-    def recent_episodes(self) -> list[Episode]:
-        return list(self._recent)
-
-    def pop_episodes(self) -> list[Episode]:
-        episodes, self._pending = self._pending, []
-        return episodes
-
-    def episode_stats(self) -> dict[str, float]:
-        stats = {"env_steps": float(self.total_steps), "episodes": float(self.episodes_finished)}
-        if self._recent:
-            stats["return_mean"] = float(np.mean([e.ret for e in self._recent]))
-            stats["length_mean"] = float(np.mean([e.length for e in self._recent]))
-        return stats
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "total_steps": self.total_steps,
-            "episodes_finished": self.episodes_finished,
-            "recent": [[e.ret, e.length, e.env_id, e.total_steps] for e in self._recent],
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.total_steps = int(state["total_steps"])
-        self.episodes_finished = int(state["episodes_finished"])
-        self._recent.clear()
-        self._recent.extend(Episode(float(r), int(n), int(e), int(t)) for r, n, e, t in state["recent"])
-        self._pending = []
-
-
-class RemoteEpisodes:
-    """The episode interface of an :class:`~ptl_rl.stages.source.ExperienceSource`, read from a stage's ``counters``.
-
-    A stage whose envs step elsewhere (:class:`~ptl_rl.distributed.AsyncSource`,
-    :class:`~ptl_rl.distributed.RayWorkers`) keeps the counters of what it received
-    in ``self.counters`` (an :class:`EpisodeCounters`); this mixin exposes them under the
-    source's names, so the episode callbacks work on it unchanged.
-    """
-
-    counters: EpisodeCounters
-    upstream = None  # a source stage: it pulls from no stage (ptl_rl.core.protocols.Stage)
-
-    @property
-    def total_steps(self) -> int:
-        """Env steps the collectors have taken (as far as the learner has received)."""
-        return self.counters.total_steps
-
-    @property
-    def episodes_finished(self) -> int:
-        return self.counters.episodes_finished
-
-    def recent_episodes(self) -> list[Episode]:
-        return self.counters.recent_episodes()
-
-    def pop_episodes(self) -> list[Episode]:
-        return self.counters.pop_episodes()
-
-    def episode_stats(self) -> dict[str, float]:
-        return self.counters.episode_stats()
+def factory_name(factory: Callable[..., Any]) -> str:
+    """How errors and reprs name a collector factory: its function's name (through ``functools.partial``)."""
+    while isinstance(factory, functools.partial):
+        factory = factory.func
+    if isinstance(factory, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+        return factory.__name__
+    return type(factory).__name__

@@ -23,16 +23,8 @@ from ptl_rl.core.batch import TransitionBatch
 from ptl_rl.core.ranks import distributed_rank
 from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.distributed.async_source import CollectorError
-from ptl_rl.distributed.common import (
-    BuiltCollector,
-    EpisodeCounters,
-    Factory,
-    RemoteEpisodes,
-    StalenessTracker,
-    WorkerInfo,
-    weights_of,
-    worker_rank,
-)
+from ptl_rl.distributed.common import BuiltCollector, Factory, WorkerInfo, factory_name, weights_of, worker_rank
+from ptl_rl.distributed.intake import RemoteSource
 from ptl_rl.stages.source import Episode
 
 
@@ -88,7 +80,7 @@ def _actor_class(ray: Any) -> Any:
     return _ACTOR_CLASS
 
 
-class RayWorkers(RemoteEpisodes):
+class RayWorkers(RemoteSource):
     """A source stage whose transitions come from ``num_workers`` Ray actors.
 
     Args:
@@ -118,10 +110,11 @@ class RayWorkers(RemoteEpisodes):
     others go on. Rows are only ever delivered as whole calls' results, so
     the replay never holds part of a failed call; the n-step windows in
     flight in the dead actor are gone with it (dropped, never joined to a new
-    episode). ``failures`` lists what happened.
+    episode). ``failures`` lists what happened. A ``next()`` cut short (an
+    interrupt, an error) loses the rows it had received, never half taken in;
+    a worker whose call it was handling is replaced the same way before the
+    next ``next()``, and the stage's stream is marked cut (:class:`~ptl_rl.Stage`).
     """
-
-    one_row_per_env = False
 
     def __init__(
         self,
@@ -141,14 +134,12 @@ class RayWorkers(RemoteEpisodes):
             )
         if num_workers < 1 or steps_per_call < 1:
             raise ValueError(f"num_workers and steps_per_call must be >= 1, got {num_workers} and {steps_per_call}")
-        self.factory = factory
+        super().__init__(factory, stats_window, max_staleness)
         self.num_workers = int(num_workers)
         self.policy = policy
         self.steps_per_call = int(steps_per_call)
         self.max_restarts = int(max_restarts)
         self.actor_options = dict(actor_options or {"num_cpus": 1})
-        self.staleness = StalenessTracker(max_staleness)
-        self.counters = EpisodeCounters(stats_window)
         self.version = 0
         self.rank = 0
         self.world_size: int | None = None  # None: torch.distributed's when the actors start
@@ -198,12 +189,6 @@ class RayWorkers(RemoteEpisodes):
         self._ready.clear()
         self._restore_counters = True
 
-    def __enter__(self) -> RayWorkers:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
     def _ddp_layout(self) -> tuple[int, int]:
         """``(rank, world_size)`` of this learner among the DDP ranks, checked."""
         world_size = self.world_size if self.world_size is not None else distributed_rank()[1]
@@ -249,6 +234,14 @@ class RayWorkers(RemoteEpisodes):
             self._snapshot = None  # the object store holds them now
         return self._weights_ref
 
+    def _relaunch(self, worker: int) -> None:
+        """Replace worker ``worker``'s actor by a new incarnation (fresh envs, the current weights)."""
+        actor = self.actors[worker]
+        if actor is not None:
+            self._ray.kill(actor, no_restart=True)
+            self.incarnations[worker] += 1
+        self._launch(worker)
+
     def _restart(self, worker: int, error: BaseException) -> None:
         self.failures.append(
             f"worker {worker} (incarnation {self.incarnations[worker]}): {type(error).__name__}: {error}"
@@ -265,10 +258,8 @@ class RayWorkers(RemoteEpisodes):
             RuntimeWarning,
             stacklevel=3,
         )
-        self._ray.kill(self.actors[worker], no_restart=True)
-        self.incarnations[worker] += 1
         self.restarts += 1
-        self._launch(worker)
+        self._relaunch(worker)
 
     # ------------------------------------------------------------------ weights
     def push_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None) -> int:
@@ -287,16 +278,31 @@ class RayWorkers(RemoteEpisodes):
         self._snapshot, self._snapshot_version = weights_of(self.policy), self.version
         return self.version
 
-    # ------------------------------------------------------------------ iteration
-    def __iter__(self) -> RayWorkers:
-        return self
-
-    def __next__(self) -> TransitionBatch:
+    # ------------------------------------------------------------------ stage
+    def step(self) -> TransitionBatch:
+        """The rows of the next call to finish (within ``max_staleness``); starts the actors if none run."""
         if not self.actors:
             self.start()
         while not self._ready:
             self._receive_one()
         return self._ready.popleft()
+
+    def snapshot(self) -> object:
+        return None  # the intake journals each call's result itself; the actors cannot be stepped back
+
+    def restore(self, snapshot: object) -> None:
+        """After a step cut short: every worker gets a call in flight again.
+
+        The cut may have fallen between taking a worker's result and handing it its next call: that worker
+        is replaced by a new incarnation (as after a failure: the rows of the call are lost, its n-step
+        windows with it), so no actor sits idle and none has two calls queued. The other workers go on.
+        """
+        if not self.actors:
+            return
+        busy = set(self._pending.values())
+        for worker in range(self.num_workers):
+            if worker not in busy:
+                self._relaunch(worker)
 
     def _receive_one(self) -> None:
         ray = self._ray
@@ -309,11 +315,9 @@ class RayWorkers(RemoteEpisodes):
             self._restart(worker, error)
             return
         self._submit(worker)  # the actor collects the next call while the learner works on this one
-        self.counters.add(steps, episodes)
-        if batch is not None:
-            batch = self.staleness.admit(batch, self.version)
-            if len(batch):
-                self._ready.append(batch)
+        batch = self.intake.take(batch, steps, episodes, self.version)
+        if batch is not None and len(batch):
+            self._ready.append(batch)
 
     def set_rank(self, rank: int, world_size: int | None = None) -> None:
         """Take the DDP rank (the Lightning adapter calls it): DDP ranks get disjoint worker ranks.
@@ -342,8 +346,7 @@ class RayWorkers(RemoteEpisodes):
             "version": self.version,
             "incarnations": list(self.incarnations),
             "restarts": self.restarts,
-            "counters": self.counters.state_dict(),
-            "staleness": self.staleness.state_dict(),
+            **self.intake.state_dict(),
         }
         return versioned(state, self.STATE_VERSION)
 
@@ -358,16 +361,15 @@ class RayWorkers(RemoteEpisodes):
         # every worker restarts one incarnation later than saved: its env ids are new
         self.incarnations = [int(i) + 1 for i in state["incarnations"]]
         self.restarts = int(state["restarts"])
-        self.counters.load_state_dict(state["counters"])
-        self.staleness.load_state_dict(state["staleness"])
+        self.intake.load_state_dict(state)
         self._restore_counters = True
         self._snapshot_version = self._weights_version = -1  # the restored version: the module's restored weights
+        self.state_replaced()
 
     def __repr__(self) -> str:
-        name = getattr(self.factory, "__name__", type(self.factory).__name__)
         return stage_repr(
             self,
-            name,
+            factory_name(self.factory),
             workers=self.num_workers,
             env_steps=self.total_steps,
             version=self.version,

@@ -13,7 +13,8 @@ from ptl_rl.core._reprs import stage_repr
 from ptl_rl.core._trees import tree_assign, tree_leaves, tree_map, tree_take
 from ptl_rl.core.batch import TransitionBatch
 from ptl_rl.core.chain import pipeline_stages
-from ptl_rl.core.protocols import EnvLike, NumberedStream, PerEnvStream, VectorEnv
+from ptl_rl.core.protocols import EnvLike, PerEnvStream, VectorEnv
+from ptl_rl.core.stage import Stage
 from ptl_rl.offline.reader import check_space_kind, import_minari
 from ptl_rl.offline.writer import check_new_dataset_id, create_dataset, store_env_spec
 from ptl_rl.stages.source import ExperienceSource
@@ -21,6 +22,7 @@ from ptl_rl.stages.source import ExperienceSource
 __all__ = ["MinariRecorder"]
 
 
+# per env and step: the step's obs, and at slot t + 1 its next_obs (the next step's obs, or the final observation)
 _RECORDED_FIELDS = ("obs", "action", "reward", "terminated", "truncated")
 
 
@@ -40,7 +42,7 @@ def rows_equal_nan_as_equal(a: Any, b: Any, rows: int) -> np.ndarray:
     return result
 
 
-class MinariRecorder:
+class MinariRecorder(Stage[TransitionBatch]):
     """Passes 1-step batches through unchanged and writes their episodes to a new Minari dataset.
 
     Put it right after an :class:`~ptl_rl.stages.source.ExperienceSource` (before any
@@ -73,11 +75,13 @@ class MinariRecorder:
             (``author``, ``author_email``, ``code_permalink``, ``description``,
             ``algorithm_name``, ``eval_env``, ``requirements``, ...).
 
-    A skipped ``stream_seq`` number upstream (the source reset every sub-env
-    after a crash, an interrupt or a restore, or a batch was pulled past the
-    recorder) cuts every running episode there, and recording goes on; the
-    recorder's own ``stream_seq`` (the upstream's number of the batch it passed
-    on last) lets the stages behind it see the cut too.
+    A cut in the stream (a skipped ``stream_seq`` number upstream: the source
+    reset every sub-env after a crash, an interrupt or a restore, or a batch
+    was pulled past the recorder; or a ``next()`` of the recorder cut short,
+    whose batch is lost) ends every running episode there, as
+    ``partial_episodes`` says, and recording goes on: no stored episode joins
+    steps across a cut. The recorder's own ``stream_seq`` skips a number there
+    too (:class:`~ptl_rl.Stage`), so the stages behind it see the cut.
 
     Agent extras are not recorded (Minari has no per-transition slot for them
     besides ``infos``). Image observations are stored losslessly
@@ -104,9 +108,8 @@ class MinariRecorder:
             raise ValueError(f"partial_episodes must be 'truncate' or 'drop', got {partial_episodes!r}")
         if flush_every < 1:
             raise ValueError(f"flush_every must be >= 1, got {flush_every}")
-        self.upstream = upstream
+        super().__init__(upstream)
         self.one_row_per_env = isinstance(upstream, PerEnvStream) and bool(upstream.one_row_per_env)
-        self._upstream_numbered = isinstance(upstream, NumberedStream)  # its stream_seq is read at every pull
         self.dataset_id = str(dataset_id)
         self.partial_episodes = partial_episodes
         self.flush_every = int(flush_every)
@@ -135,31 +138,42 @@ class MinariRecorder:
         self.steps_written = 0
         self.closed = False
         self._finished: list[Any] = []  # minari EpisodeBuffers not yet written
-        self._steps: dict[str, Any] | None = None  # field -> [E, capacity, ...]: each env's episode so far
-        self._last_next_obs: Any = None  # [E, ...]: next_obs of each env's last row
+        # field -> [E, capacity, ...]: each env's episode so far; "obs" holds one slot more, the last next_obs
+        self._steps: dict[str, Any] | None = None
         self._length = np.zeros(0, dtype=np.int64)  # steps of each env's running episode
-        self._upstream_seq: int | None = None  # stream_seq of the last upstream batch recorded
-        # the upstream's number of the batch passed on last, so that a stage behind the recorder (an
-        # NStepTransform) sees the cuts in the envs' streams too; None if the upstream has no numbers
-        self.stream_seq: int | None = None
+        self._visible = self._length  # _length when the step began: the slots a restore must find unchanged
+        self._reused = False  # an episode ended in this step: its env's slots may be written again
+        self._undo: list[tuple[dict[str, Any], Any, dict[str, Any]]] = []  # such slots the step overwrote
 
-    # ------------------------------------------------------------------ iteration
-    def __iter__(self) -> MinariRecorder:
-        return self
-
-    def __next__(self) -> TransitionBatch:
+    # ------------------------------------------------------------------ stage
+    def step(self) -> TransitionBatch:
+        """Pull a batch, record it (after ending the running episodes at a cut), pass it on unchanged."""
         if self.upstream is None:
             raise TypeError("this MinariRecorder has no upstream; call record(batch) instead")
-        batch = next(self.upstream)
-        seq = cast(NumberedStream, self.upstream).stream_seq if self._upstream_numbered else None
-        # a skipped number: the envs' streams were cut (a resync after a crash or interrupt, a restore) or
-        # someone else pulled batches (a peek); the running episodes cannot be continued by this batch
-        if seq is not None and self._upstream_seq is not None and seq != self._upstream_seq + 1:
-            self.end_episodes()
-        self.record(batch, one_row_per_env=self.one_row_per_env)
-        # set only once the batch is recorded: a batch lost to an error shows up as a gap next time
-        self._upstream_seq = self.stream_seq = seq
+        self._flush_due()
+        batch: TransitionBatch = self.pull()
+        self._record(batch, self.one_row_per_env)
         return batch
+
+    def snapshot(self) -> object:
+        """The running episodes' lengths (a copy, [E]) and references: the step writes only past those lengths,
+        or logs the slots it overwrites (an episode that ended earlier in the step reuses its env's slots)."""
+        self._visible = visible = self._length.copy()
+        undo: list[tuple[dict[str, Any], Any, dict[str, Any]]] = []
+        self._undo, self._reused = undo, False
+        return self._steps, visible, self._finished, len(self._finished), undo
+
+    def restore(self, snapshot: object) -> None:
+        """Put the running episodes back as the cut step found them; drop what it finished."""
+        steps, length, finished, count, undo = cast(tuple[Any, ...], snapshot)
+        for store, slots, rows in reversed(undo):
+            for name, values in rows.items():
+                tree_assign(store[name], slots, values)
+        self._steps, self._length = steps, length.copy()
+        if self._finished is finished:
+            del finished[count:]
+        else:  # the step wrote the earlier episodes (it flushes first): the list it began holds its own only
+            self._finished = []
 
     def __enter__(self) -> MinariRecorder:
         return self
@@ -176,10 +190,22 @@ class MinariRecorder:
         must equal the previous row's ``next_obs``, else ValueError (the batches
         are not consecutive 1-step transitions, e.g. n-step output). ``batch``
         may hold several steps of one env, in time order; ``one_row_per_env=True``
-        promises it holds at most one, which skips a check.
+        promises it holds at most one, which skips a check. A call cut short
+        (an interrupt) is rolled back before the next call, which ends the
+        running episodes first.
         """
+
+        def body() -> None:
+            self._flush_due()
+            self._record(batch, one_row_per_env)
+
+        self.transaction(body)
+
+    def _record(self, batch: TransitionBatch, one_row_per_env: bool) -> None:
         if self.closed:
             raise RuntimeError(f"MinariRecorder for {self.dataset_id!r} is closed; record into a new one")
+        if self.consume_cut():  # the envs' streams were cut: this batch cannot continue the running episodes
+            self._end_episodes()
         if not len(batch):
             return
         env_id = np.asarray(batch["env_id"])
@@ -190,6 +216,10 @@ class MinariRecorder:
             for k in range(int(occurrence.max()) + 1):
                 rows = np.flatnonzero(occurrence == k)
                 self._record_unique(batch.rows(rows), env_id[rows])
+
+    def _flush_due(self) -> None:
+        """Write the finished episodes once ``flush_every`` wait (before a step records: a step cut short is rolled
+        back, and what it finished must not be on disk already)."""
         if len(self._finished) >= self.flush_every:
             self._write()
 
@@ -197,9 +227,12 @@ class MinariRecorder:
         self._ensure_capacity(batch, int(env.max()) + 1)
         length = self._length[env]
         running = np.flatnonzero(length > 0)
+        steps = self._steps
+        assert steps is not None  # allocated by _ensure_capacity
         if len(running):
+            last = (env[running], length[running])  # the slot of each running episode's last next_obs
             same = rows_equal_nan_as_equal(
-                tree_take(self._last_next_obs, env[running]), tree_take(batch["obs"], running), len(running)
+                tree_map(lambda a: a[last], steps["obs"]), tree_take(batch["obs"], running), len(running)
             )
             if not same.all():
                 bad = int(env[running[~same][0]])
@@ -209,24 +242,45 @@ class MinariRecorder:
                     "an ExperienceSource directly (ExperienceSource -> MinariRecorder -> NStepTransform), not "
                     "n-step or sampled batches"
                 )
-        steps = self._grow_steps(int(length.max()) + 1)
-        for name in _RECORDED_FIELDS:
+        steps = self._grow_steps(int(length.max()) + 2)
+        if self._reused:
+            self._keep_visible(steps, env, length)
+        first = np.flatnonzero(length == 0)  # a new episode's first obs (a running one's is its last next_obs)
+        if len(first):
+            tree_assign(steps["obs"], (env[first], 0), tree_take(batch["obs"], first))
+        tree_assign(steps["obs"], (env, length + 1), batch["next_obs"])
+        for name in _RECORDED_FIELDS[1:]:
             tree_assign(steps[name], (env, length), batch[name])
-        tree_assign(self._last_next_obs, env, batch["next_obs"])
         self._length[env] = length + 1
         ended = np.flatnonzero(np.asarray(batch["terminated"]) | np.asarray(batch["truncated"]))
         for e in env[ended].tolist():  # one Python step per finished episode, not per transition
             self._finish(e, truncate=False)
 
+    def _keep_visible(self, steps: dict[str, Any], env: np.ndarray, length: np.ndarray) -> None:
+        """Before a row is written at slot ``length`` of each env (its next_obs at ``length + 1``), after an
+        episode ended in this step: log the slots that held a step of an episode running when the step began
+        (the ended episode's, which a restore makes running again)."""
+        visible = np.zeros(len(env), dtype=np.int64)
+        known = env < len(self._visible)
+        visible[known] = self._visible[env[known]]
+        row, final = length < visible, length + 1 <= visible  # a step's slot, the slot of its final observation
+        if row.any():
+            where = (np.concatenate([env[row], env[final]]), np.concatenate([length[row], length[final] + 1]))
+            self._undo.append((steps, where, {name: tree_map(lambda a: a[where], s) for name, s in steps.items()}))
+
     def end_episodes(self) -> None:
         """Cut every running episode, as ``partial_episodes`` says: queue it as truncated, or drop it.
 
-        Called by the recorder itself when its upstream's ``stream_seq`` skips a
-        number (the source reset its envs after a crash, an interrupt or a
-        restore, or its batches were pulled elsewhere); public for a recorder
-        fed by hand with :meth:`record`, whose caller knows where its streams
-        were cut. The next row of each ``env_id`` starts a new episode.
+        Called by the recorder itself where its stream is cut (its upstream's
+        ``stream_seq`` skips a number: the source reset its envs after a crash,
+        an interrupt or a restore, or its batches were pulled elsewhere; or a
+        ``next()`` of the recorder was cut short); public for a recorder fed by
+        hand with :meth:`record`, whose caller knows where its streams were
+        cut. The next row of each ``env_id`` starts a new episode.
         """
+        self.transaction(self._end_episodes)
+
+    def _end_episodes(self) -> None:
         if self.closed:
             raise RuntimeError(f"MinariRecorder for {self.dataset_id!r} is closed; record into a new one")
         if self._steps is not None and self.partial_episodes == "truncate":
@@ -241,11 +295,10 @@ class MinariRecorder:
         length = int(self._length[env])
         recorded = self._steps
         assert recorded is not None  # an episode to finish has steps, recorded into the allocated arrays
-        steps = {name: tree_map(lambda a: a[env, :length].copy(), s) for name, s in recorded.items()}
-        final = tree_map(lambda a: a[env : env + 1].copy(), self._last_next_obs)
+        steps = {name: recorded[name][env, :length].copy() for name in _RECORDED_FIELDS[1:]}
         if truncate:
             steps["truncated"][-1] = True
-        observations = tree_map(lambda o, f: np.concatenate([o, f]), steps["obs"], final)
+        observations = tree_map(lambda a: a[env, : length + 1].copy(), recorded["obs"])  # the steps', the final
         self._finished.append(
             EpisodeBuffer(
                 observations=observations,
@@ -256,6 +309,7 @@ class MinariRecorder:
             )
         )
         self._length[env] = 0
+        self._reused = True  # the env's slots are free: a row recorded next overwrites the episode just queued
 
     def close(self) -> Any:
         """Write the finished episodes, handle the running ones (``partial_episodes``); return the dataset.
@@ -263,12 +317,14 @@ class MinariRecorder:
         Returns the ``minari.MinariDataset`` (``None`` if not a single step was
         recorded: Minari has no empty datasets).
         """
-        if self.closed:
-            return self.dataset
-        self.end_episodes()
+        if not self.closed:
+            self.transaction(self._end_episodes)
+            self.transaction(self._write_all)  # apart: a cut after the write must not roll back what ended
+        return self.dataset
+
+    def _write_all(self) -> None:
         self._write()
         self.closed = True
-        return self.dataset
 
     def _write(self) -> None:
         if not self._finished:
@@ -286,13 +342,13 @@ class MinariRecorder:
 
     # ------------------------------------------------------------------ storage
     def _ensure_capacity(self, batch: TransitionBatch, num_envs: int) -> None:
+        """Room for ``num_envs`` envs (new arrays, never grown in place: a restore puts the old ones back)."""
         steps = self._steps
         if steps is None:
             self._steps = steps = {
                 name: tree_map(lambda a: np.zeros((0, 0, *a.shape[1:]), dtype=a.dtype), batch[name])
                 for name in _RECORDED_FIELDS
             }
-            self._last_next_obs = tree_map(lambda a: np.zeros((0, *a.shape[1:]), dtype=a.dtype), batch["next_obs"])
         if num_envs <= len(self._length):
             return
         grow = num_envs - len(self._length)
@@ -300,9 +356,6 @@ class MinariRecorder:
             name: tree_map(lambda a: np.concatenate([a, np.zeros((grow, *a.shape[1:]), a.dtype)]), s)
             for name, s in steps.items()
         }
-        self._last_next_obs = tree_map(
-            lambda a: np.concatenate([a, np.zeros((grow, *a.shape[1:]), a.dtype)]), self._last_next_obs
-        )
         self._length = np.concatenate([self._length, np.zeros(grow, dtype=np.int64)])
 
     def _grow_steps(self, needed: int) -> dict[str, Any]:

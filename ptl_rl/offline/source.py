@@ -6,10 +6,11 @@ episode maps to rows is in :mod:`ptl_rl.offline.reader`.
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import numpy as np
 from gymnasium import spaces
@@ -17,7 +18,9 @@ from gymnasium import spaces
 from ptl_rl.core._reprs import stage_repr
 from ptl_rl.core._trees import tree_map, tree_take
 from ptl_rl.core.batch import TransitionBatch
+from ptl_rl.core.protocols import ReplayStage
 from ptl_rl.core.ranks import distributed_rank, rank_seed
+from ptl_rl.core.stage import Stage
 from ptl_rl.offline.reader import (
     check_expected_space,
     check_space_kind,
@@ -49,7 +52,7 @@ def _concat(parts: list[Any]) -> Any:
     return tree_map(lambda *leaves: np.concatenate(leaves), parts[0], *parts[1:])
 
 
-class MinariSource:
+class MinariSource(Stage[TransitionBatch]):
     """Reads the episodes of a Minari dataset and yields 1-step :class:`TransitionBatch` es, like a source.
 
     Each of ``lanes`` lanes plays one dataset episode at a time, step by step,
@@ -90,9 +93,12 @@ class MinariSource:
     final observation), ``terminated``/``truncated`` bool [B] exactly as stored
     (an episode whose last step has neither flag, cut when recording stopped,
     is read as truncated there), ``discount`` float32 [B] = gamma, ``env_id`` int64 [B].
+
+    A ``next()`` cut short (an interrupt, an error while reading) is rolled
+    back whole: the next ``next()`` yields the rows it would have yielded
+    (only a cut as the finished step returns loses them, as in any stage).
     """
 
-    upstream = None  # a source: it pulls from no stage (ptl_rl.core.protocols.Stage)
     one_row_per_env = True  # each yielded batch holds at most one transition per lane
 
     def __init__(
@@ -120,6 +126,7 @@ class MinariSource:
             raise ValueError(f"epochs must be >= 1 or None (endless), got {epochs}")
         if episodes_per_read < 1:
             raise ValueError(f"episodes_per_read must be >= 1, got {episodes_per_read}")
+        super().__init__(None)  # a source: it pulls from no stage
         self.dataset = open_minari_dataset(dataset)
         self.dataset_id = str(self.dataset.id)
         self.observation_space = self.dataset.observation_space
@@ -164,11 +171,9 @@ class MinariSource:
         if epochs is None and self.steps_per_pass() == 0:  # else reading endlessly would spin without a row
             raise ValueError(f"dataset {self.dataset_id!r}: the episodes to read hold no steps, nothing to yield")
 
-    # ------------------------------------------------------------------ iteration
-    def __iter__(self) -> MinariSource:
-        return self
-
-    def __next__(self) -> TransitionBatch:
+    # ------------------------------------------------------------------ stage
+    def step(self) -> TransitionBatch:
+        """One row per busy lane (idle lanes take the next episodes first); ``StopIteration`` after the last pass."""
         if not self._busy.all():
             self._fill_lanes()
         lanes = np.flatnonzero(self._busy)
@@ -194,6 +199,38 @@ class MinariSource:
         self.episodes_finished += len(ended)
         return batch
 
+    def snapshot(self) -> object:
+        """The lanes' positions (copies: [lanes] each), references to what a step replaces, and the counters."""
+        return (
+            self._pos.copy(),
+            self._end.copy(),
+            self._busy.copy(),
+            self._queue,
+            self._rows,
+            self._order,
+            self.rng,
+            self._read,
+            self.passes_started,
+            self.total_steps,
+            self.episodes_finished,
+        )
+
+    def restore(self, snapshot: object) -> None:
+        """Put the lanes, the loaded rows and the reading order back as the cut step found them."""
+        (
+            self._pos,
+            self._end,
+            self._busy,
+            self._queue,
+            self._rows,
+            self._order,
+            self.rng,
+            self._read,
+            self.passes_started,
+            self.total_steps,
+            self.episodes_finished,
+        ) = cast(tuple[Any, ...], snapshot)
+
     def fill(self, buffer: FillableT, nstep: int = 1) -> FillableT:
         """Add every remaining transition to ``buffer`` (anything with ``add(batch)``) and return it.
 
@@ -202,7 +239,7 @@ class MinariSource:
         """
         if self.epochs is None:
             raise ValueError("fill() reads the dataset to its end, but this MinariSource is endless (epochs=None)")
-        capacity = getattr(buffer, "capacity", None)
+        capacity = buffer.storage.capacity if isinstance(buffer, ReplayStage) else None
         remaining = self.epochs * self.steps_per_pass() if self.total_steps == 0 else 0
         if capacity is not None and remaining > capacity:
             warnings.warn(
@@ -267,7 +304,11 @@ class MinariSource:
         if self._read == len(self._order):
             if self.epochs is not None and self.passes_started >= self.epochs:
                 return self._order[:0]
-            self._order = self.rng.permutation(self.episode_indices) if self.shuffle else self.episode_indices
+            if self.shuffle:  # a new generator, not the one changed in place: a restore puts the old one back
+                self.rng = copy.deepcopy(self.rng)
+                self._order = self.rng.permutation(self.episode_indices)
+            else:
+                self._order = self.episode_indices
             self._read = 0
             self.passes_started += 1
         chosen = self._order[self._read : self._read + self.episodes_per_read]

@@ -18,11 +18,13 @@ import psutil
 import pytest
 import torch
 from collectors import ShiftPolicy, check_rows, concat_rows, flood_collector, scripted_collector
+from faults import InjectedFault, Injector
 from paths import REPO, SUPPORT
 from scripted_env import obs_code
 
 from ptl_rl import BatchSampler, ExperienceSource, ReplayBuffer, TransitionBatch, find_stage, to_dataloader
-from ptl_rl.distributed import AsyncSource, CollectorError, WorkerInfo
+from ptl_rl.core import guard, stage
+from ptl_rl.distributed import AsyncSource, CollectorError, WorkerInfo, async_source, intake
 from ptl_rl.distributed.common import worker_rank
 
 HERE = str(SUPPORT)  # the collectors' module, for processes that import it
@@ -196,6 +198,58 @@ def test_keyboard_interrupt_in_next_stops_the_collector_and_next_restarts_it() -
         batch = next(source)  # a new process, a new incarnation: other env ids, new episodes
         assert source.pid != pid and source.incarnation == 2
         assert (np.asarray(batch["env_id"]) >= 3).all() and (np.asarray(batch["obs"])[:, 1] >= 1000).all()
+    finally:
+        source.close()
+
+
+CUT_TARGETS = {
+    "stage": lambda code: code.co_filename in (async_source.__file__, intake.__file__),
+    "guard": lambda code: code.co_filename in (guard.__file__, stage.__file__),
+}
+
+
+def test_a_next_cut_at_any_line_leaves_no_collector_behind_and_counts_every_message_once() -> None:
+    """Interrupts and exceptions between any two statements of AsyncSource's step (waiting, receiving, taking a
+    message in) and of the guard around it: a step cut short leaves no collector running, the next next() starts a
+    fresh one and skips a stream number, every row is right and the episode counters agree with the episodes
+    handed out, each counted once."""
+    source = AsyncSource(functools.partial(scripted_collector, n=2), queue_size=2)
+    injector = Injector(CUT_TARGETS)
+    got, popped, restarts, left_running = [], [], 0, 0
+    try:
+        got.append(next(source))  # started: a steady call's lines are counted below
+        injector.run(lambda: got.append(next(source)))
+        lines = dict(injector.counts)
+        assert lines["stage"] > 10 and lines["guard"] > 5, lines
+        for kind in CUT_TARGETS:
+            for k in range(1, lines[kind] + 1):
+                pid = source.pid
+                fault = KeyboardInterrupt() if k % 2 else InjectedFault()
+                try:
+                    injector.run(lambda: got.append(next(source)), kind, k, fault)  # noqa: B023 - run at once
+                except (KeyboardInterrupt, InjectedFault) as raised:
+                    assert raised is fault
+                if not injector.fired:
+                    continue
+                in_step = kind == "stage" and injector.where is not AsyncSource.snapshot.__code__
+                if in_step:  # the step was cut: its collector is stopped at once (unless cut before its handler)
+                    left_running += source.running
+                    assert source.running or _gone(pid), (kind, k)
+                seq = source.stream_seq
+                popped += source.pop_episodes()
+                got.append(next(source))
+                restarted = source.pid != pid
+                restarts += restarted
+                assert restarted or not in_step, (kind, k)  # the guard's restore drops it in any case
+                assert _gone(pid) if restarted else source.running, (kind, k)
+                assert source.stream_seq == seq + (2 if restarted else 1), (kind, k)  # a restart is a cut
+        assert left_running <= 1 and restarts >= lines["stage"] - 1, (left_running, restarts, lines)
+        popped += source.pop_episodes()
+        assert source.episodes_finished == len(popped) > 0
+        assert source.recent_episodes() == popped[-len(source.recent_episodes()) :]
+        stamps = [e.total_steps for e in popped]
+        assert stamps == sorted(stamps) and stamps[-1] <= source.total_steps
+        check_rows(concat_rows(got), n=2)
     finally:
         source.close()
 

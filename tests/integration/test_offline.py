@@ -8,6 +8,7 @@ Every dataset here is created locally under a temporary ``MINARI_DATASETS_PATH``
 
 from __future__ import annotations
 
+import collections
 import functools
 import sys
 import warnings
@@ -16,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from faults import InjectedFault, Injector
 from nstep_reference import reference_nstep
 from scripted_env import (
     BOTH,
@@ -30,6 +32,7 @@ from scripted_env import (
     obs_code,
     scripted_batches,
 )
+from taps import Tap
 
 import ptl_rl
 from ptl_rl import (
@@ -42,6 +45,10 @@ from ptl_rl import (
     TransitionBatch,
     minari_replay_buffer,
 )
+from ptl_rl.core import guard, stage
+from ptl_rl.offline import reader as offline_reader
+from ptl_rl.offline import recorder as offline_recorder
+from ptl_rl.offline import source as offline_source
 
 minari = pytest.importorskip("minari")
 
@@ -588,6 +595,21 @@ def episodes_of(rows: TransitionBatch, records, partial):
     return expected
 
 
+def check_nstep_windows(batches, env, n, gamma, atol=0.0):
+    """Every n-step row is a window of real consecutive steps of one episode, with the discounted sum of their
+    rewards: none joins steps across a cut."""
+    rows = TransitionBatch.concat([b for b in batches if b is not None and len(b)])
+    ident, next_ident = ids_of(rows["obs"]), ids_of(rows["next_obs"])
+    assert (ident[:, :2] == next_ident[:, :2]).all(), "an n-step row spans a cut"
+    k = next_ident[:, 2] - ident[:, 2]
+    assert ((k >= 1) & (k <= n)).all()
+    lookup = {int(obs_code(s[0])): s for r in env_attr(env, "record") for s in r}
+    for r in range(len(rows)):
+        window = [lookup[int(obs_code(ident[r])) + j] for j in range(int(k[r]))]
+        expected = sum(gamma**j * s[2] for j, s in enumerate(window))
+        np.testing.assert_allclose(rows["reward"][r], expected, rtol=1e-5, atol=atol)
+
+
 @pytest.mark.parametrize("partial", ["truncate", "drop"])
 @pytest.mark.parametrize("mode", ["NextStep", "SameStep", "Disabled"])
 def test_recorder_records_on_after_the_source_resynchronises_from_an_env_crash(mode, partial):
@@ -618,23 +640,154 @@ def test_recorder_cuts_episodes_where_its_source_was_peeked_and_tells_stages_dow
     recorder = MinariRecorder(source, "test/peek-v0", partial_episodes="drop")
     nstep = NStepTransform(recorder, n=3, gamma=0.9)
     out = [next(nstep) for _ in range(3)]
+    seqs = recorder.stream_seq, source.stream_seq
     next(source)  # a peek: the recorder and the transform never see this step
     out += [next(nstep) for _ in range(6)]
-    assert recorder.stream_seq == source.stream_seq
+    # the recorder numbers its own batches (ptl_rl.Stage): they advanced as its source's, the batch it never saw
+    # (the peek) a skipped number, which the transform behind it sees as a cut
+    assert recorder.stream_seq - seqs[0] == source.stream_seq - seqs[1] > 1
     recorder.close()
     out.append(nstep.flush())
-    rows = TransitionBatch.concat([b for b in out if b is not None and len(b)])
-    # every n-step row is a window of real consecutive steps of one episode: none joins steps across the gap
-    ident, next_ident = ids_of(rows["obs"]), ids_of(rows["next_obs"])
-    assert (ident[:, :2] == next_ident[:, :2]).all(), "an n-step row spans the gap"
-    k = next_ident[:, 2] - ident[:, 2]
-    assert ((k >= 1) & (k <= 3)).all()
-    lookup = {int(obs_code(s[0])): s for r in env_attr(env, "record") for s in r}
-    for r in range(len(rows)):
-        window = [lookup[int(obs_code(ident[r])) + j] for j in range(int(k[r]))]
-        np.testing.assert_allclose(rows["reward"][r], sum(0.9**j * s[2] for j, s in enumerate(window)), rtol=1e-5)
+    check_nstep_windows(out, env, n=3, gamma=0.9)  # none joins steps across the gap
     # the recorder stored the episodes up to the gap and the rest of them after it (an episode's tail starts
     # after the peeked step), each as consecutive steps of one episode
     stored = [ids_of(e.observations) for e in recorder.dataset.iterate_episodes()]
     assert all((np.diff(ident[:, 2]) == 1).all() and (ident[:, :2] == ident[0, :2]).all() for ident in stored)
     assert any(ident[0, 2] > 0 for ident in stored), "no episode was cut at the peek"
+
+
+# ---------------------------------------------------------------------- cuts inside the offline stages' own steps
+SOURCE_CUTS = {
+    "code": lambda code: (
+        code.co_filename in (offline_source.__file__, offline_reader.__file__, guard.__file__, stage.__file__)
+    )
+}
+
+
+GUARD_RETURN_LINE = max(line for _, _, line in guard.next_step.__code__.co_lines() if line)  # `return out`
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_next_of_minari_source_cut_at_any_line_is_rolled_back_whole(shuffle):
+    """Interrupts and exceptions between any two statements of MinariSource's step (filling lanes, reading
+    episodes, the reading order) and of the guard around it: the next next() yields what the cut one would have,
+    so the rows are those of a run without a fault, in the same order, and the counters agree."""
+    dataset, _ = record(LAYOUTS, "NextStep")
+    options = {"lanes": 2, "epochs": 2, "shuffle": shuffle, "seed": 3, "episodes_per_read": 2, "episode_id": True}
+    clean = MinariSource(dataset, **options)
+    expected = list(clean)
+    source = MinariSource(dataset, **options)
+    injector = Injector(SOURCE_CUTS)
+    got, faults, lost = [], 0, 0
+    while True:
+        k = 1
+        while True:  # cut this call at every line in turn, then let it run
+            fault = KeyboardInterrupt() if k % 2 else InjectedFault()
+            try:
+                batch = injector.run(lambda: next(source), "code", k, fault)  # noqa: B023 - run at once
+            except (KeyboardInterrupt, InjectedFault) as raised:
+                assert raised is fault
+                faults, k = faults + 1, k + 1
+                if (injector.where, injector.line) == (guard.next_step.__code__, GUARD_RETURN_LINE):
+                    got.append(None)  # cut as the finished step returns: its rows are lost, as in any stage
+                    lost += 1
+                continue
+            except StopIteration:
+                batch = None
+            break
+        if batch is None:
+            break
+        got.append(batch)
+    assert faults > 20 * len(expected) and lost > len(expected) // 2
+    assert len(got) == len(expected)
+    for have, want in zip(got, expected, strict=True):
+        if have is None:
+            continue
+        assert have.keys() == want.keys()
+        for key in want.keys():
+            np.testing.assert_array_equal(have[key], want[key], err_msg=key)
+    assert (source.total_steps, source.episodes_finished) == (clean.total_steps, clean.episodes_finished)
+    assert source.stream_seq > len(got)  # the restores were cuts of its stream
+
+
+RECORDER_CUTS = {"code": lambda code: code.co_filename in (offline_recorder.__file__, guard.__file__, stage.__file__)}
+
+
+def check_stored_episodes(dataset, env, partial):
+    """Every stored episode is consecutive steps of one episode of the env's record, with its actions, rewards,
+    flags and final observation (a cut one truncated on its last step, under "truncate"; under "drop" only
+    episodes that really ended), and no step is stored twice. Returns the stored steps' codes and how many
+    stored episodes were cut."""
+    lookup = {int(obs_code(s[0])): s for r in env_attr(env, "record") for s in r}
+    stored, cut = [], 0
+    for episode in dataset.iterate_episodes():
+        ident = ids_of(episode.observations)
+        assert (ident[:, :2] == ident[0, :2]).all() and (np.diff(ident[:, 2]) == 1).all(), "joined across a cut"
+        steps = [lookup[int(code)] for code in obs_code(ident[:-1])]
+        for t, step in enumerate(steps):
+            assert episode.actions[t] == step[1] and np.float32(episode.rewards[t]) == np.float32(step[2])
+            assert bool(episode.terminations[t]) == bool(step[4])
+            ended = step[4] or step[5]
+            assert ended == (t == len(steps) - 1) or t == len(steps) - 1, "an episode end inside a stored episode"
+            if t == len(steps) - 1 and not ended:  # cut here: stored truncated
+                assert partial == "truncate" and episode.truncations[t]
+                cut += 1
+            else:
+                assert bool(episode.truncations[t]) == bool(step[5])
+        assert obs_code(ident[-1]) == obs_code(steps[-1][3]), "the final observation"
+        stored += obs_code(ident[:-1]).tolist()
+    assert len(stored) == len(set(stored)), "a row stored twice"
+    return set(stored), cut
+
+
+@pytest.mark.parametrize("partial", ["truncate", "drop"])
+def test_a_next_of_the_recorder_cut_at_any_line_stores_no_episode_across_the_cut(partial):
+    """Interrupts and exceptions between any two statements of the recorder's step (recording, ending episodes at a
+    cut, writing to disk) and of the guard around it: the batch of a step cut short is lost and the running
+    episodes end there, truncated or dropped; recording goes on, every stored episode is right (and every row passed
+    on stored once), and the n-step rows behind the recorder join no steps across a cut."""
+    rng = np.random.default_rng(5)
+    layouts = [[(int(rng.integers(1, 7)), (TERM, TRUNC, BOTH)[rng.integers(3)]) for _ in range(200)] for _ in range(3)]
+    env = make_env(layouts, "SameStep", reward_seed=5)
+    actions = np.random.default_rng(6)
+    source = ExperienceSource(env, lambda obs: actions.integers(0, 5, size=len(obs)), seed=5)
+    recorder = MinariRecorder(source, f"test/cuts-{partial}-v0", partial_episodes=partial, flush_every=2)
+    tap = Tap(recorder)
+    nstep = NStepTransform(tap, n=3, gamma=0.9)
+    injector = Injector(RECORDER_CUTS)
+    out = [next(nstep) for _ in range(5)]
+    injector.run(lambda: out.append(next(nstep)))  # a steady call's lines
+    lines = injector.counts["code"]
+    with pytest.raises(KeyboardInterrupt):
+        injector.run(lambda: out.append(next(nstep)), "code", lines // 2, KeyboardInterrupt())
+    injector.run(lambda: out.append(next(nstep)))  # the lines of a call after a cut: it rolls back, ends the
+    after_cut = injector.counts["code"]  # running episodes (their env's slots are free), records the batch
+    faults = collections.Counter()
+    # each line of a steady call, then a line of the call after it (which reuses slots of episodes it ended)
+    for index, k in enumerate(k for i in range(1, lines + 1) for k in (i, 1 + i * 37 % after_cut)):
+        fault = KeyboardInterrupt() if k % 2 else InjectedFault()
+        try:
+            injector.run(lambda: out.append(next(nstep)), "code", k, fault)  # noqa: B023 - run at once
+        except (KeyboardInterrupt, InjectedFault) as raised:
+            assert raised is fault
+            if (injector.where, injector.line) == (guard.next_step.__code__, GUARD_RETURN_LINE):
+                faults["as a step returns"] += 1  # its output is lost, what the stage did kept (any stage)
+            elif injector.where is MinariRecorder._write.__code__:
+                faults["writing"] += 1  # a write to disk cut short loses its episodes (never writes them twice)
+            else:
+                faults["elsewhere"] += 1
+        if index % 2:
+            out += [next(nstep), next(nstep)]
+    assert faults.total() > lines // 2 and faults["elsewhere"] > lines // 4, faults
+    dataset = recorder.close()
+    out.append(nstep.flush())
+    check_nstep_windows(out, env, n=3, gamma=0.9, atol=1e-6)  # (float32 sums near 0)
+    stored, cut = check_stored_episodes(dataset, env, partial)
+    passed = set(obs_code(ids_of(np.concatenate([b["obs"] for b in tap.raw]))).tolist())
+    # what was stored is what was passed on, but for a recorded batch lost as its step returned (3 rows each) ...
+    assert len(stored - passed) <= 3 * faults["as a step returns"]
+    if partial == "truncate":  # ... and the episodes of a write cut short (a few, 6 steps at most each)
+        missing = len(passed - stored)
+        assert missing <= 5 * 6 * faults["writing"] and missing < len(passed) // 10, (missing, faults)
+        assert cut > len(layouts), "no episode was cut inside a run (close() cuts one per env at most)"
+    assert dataset.total_episodes > lines

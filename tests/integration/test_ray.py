@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from collectors import EPISODE_STRIDE, ShiftPolicy, check_rows, concat_rows, scripted_collector
+from faults import InjectedFault, Injector
 from normalized_collector import (
     CLIP,
     OBS_SHAPE,
@@ -22,7 +23,7 @@ from paths import REPO, SUPPORT
 
 import ptl_rl
 from ptl_rl import BatchSampler, ReplayBuffer
-from ptl_rl.distributed import RayWorkers
+from ptl_rl.distributed import RayWorkers, intake, ray_workers
 
 ray = pytest.importorskip("ray")
 
@@ -213,3 +214,46 @@ def test_normalization_statistics_travel_with_the_weights_to_ray_workers(ray_ses
     assert check_rows_per_version(rows, snapshots) >= 2
     obs = np.concatenate([r["obs"] for r in rows])
     assert norm.count == len(obs)
+
+
+CUT_TARGETS = {"stage": lambda code: code.co_filename in (ray_workers.__file__, intake.__file__)}
+
+
+def test_a_next_cut_at_any_line_keeps_one_call_in_flight_per_worker(ray_session) -> None:
+    """Interrupts and exceptions between the statements of RayWorkers' step (waiting, taking a call's result,
+    handing the worker its next call, taking the rows in): before the next next() every worker has exactly one
+    call in flight again (one cut between taking a result and the next call is replaced, as after a failure),
+    the stream skips a number, every row is right and the counters agree with the episodes handed out."""
+    workers = RayWorkers(functools.partial(scripted_collector, n=2), 2, steps_per_call=2)
+    injector = Injector(CUT_TARGETS)
+    got, popped, replacements = [], [], 0
+    try:
+        got += [next(workers) for _ in range(4)]  # both actors up
+        injector.run(lambda: got.append(next(workers)))
+        lines = injector.counts["stage"]
+        assert lines > 10
+        for k in range(2, lines + 1, 2):  # every other line: a replaced actor imports torch, seconds each
+            incarnations, seq = list(workers.incarnations), workers.stream_seq
+            fault = KeyboardInterrupt() if k % 4 else InjectedFault()
+            try:
+                injector.run(lambda: got.append(next(workers)), "stage", k, fault)  # noqa: B023 - run at once
+            except (KeyboardInterrupt, InjectedFault) as raised:
+                assert raised is fault
+            if not injector.fired:
+                continue
+            cut_step = injector.where is not RayWorkers.snapshot.__code__
+            seq = workers.stream_seq
+            popped += workers.pop_episodes()
+            got.append(next(workers))
+            assert sorted(workers._pending.values()) == [0, 1], k  # one call in flight per worker
+            replaced = sum(workers.incarnations) - sum(incarnations)
+            assert replaced <= 1 and (cut_step or not replaced), k
+            replacements += replaced
+            assert workers.stream_seq == seq + (2 if cut_step else 1), k  # a step cut short is a cut
+        popped += workers.pop_episodes()
+        assert workers.episodes_finished == len(popped) > 0
+        assert workers.restarts == 0 and not workers.failures  # a replaced worker is no failure
+        assert 1 <= replacements < lines // 4, (replacements, lines)  # only a worker left without a call
+    finally:
+        workers.close()
+    check_rows(concat_rows(got), n=2)

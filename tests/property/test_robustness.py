@@ -24,6 +24,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from faults import InjectedFault, Injector
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scripted_env import (
@@ -127,59 +128,6 @@ def recorded_codes(records: Sequence[Sequence[tuple]]) -> set[int]:
 
 # ---------------------------------------------------------------------- fault injection
 FIRED: collections.Counter[tuple[str, str, str]] = collections.Counter()  # (mode, kind of code, fault) -> faults
-
-
-class InjectedFault(Exception):
-    """Stands for any exception raised inside next() (a bug in an env, the agent, ...)."""
-
-
-class Injector:
-    """Raises an exception at the ``k``-th line executed in one kind of target code, through ``sys.settrace``.
-
-    ``targets`` maps a kind ("stages", "env", "agent") to a test ``CodeType -> bool``. The
-    exception is raised from the trace function, so it appears in the traced frame exactly
-    between two of its statements (Python then turns the trace off by itself). Lines of every
-    kind are counted, so a clean call tells how many lines of each kind one call runs.
-    """
-
-    def __init__(self, targets: dict[str, Callable[[CodeType], bool]]) -> None:
-        self.targets = targets
-        self.kind_of: dict[CodeType, str | None] = {}
-        self.counts = dict.fromkeys(targets, 0)
-        self.target: str | None = None
-        self.k = 0
-        self.fired = False
-
-    def run(self, fn: Callable[[], Any], target: str | None = None, k: int = 0, exc: BaseException | None = None):
-        """Call ``fn`` and raise ``exc`` at the ``k``-th line of kind ``target`` (none if ``target`` is None)."""
-        self.counts = dict.fromkeys(self.targets, 0)
-        self.target, self.k, self.exc, self.fired = target, k, exc, False
-        previous = sys.gettrace()
-        sys.settrace(self._global)
-        try:
-            return fn()
-        finally:
-            sys.settrace(previous)
-
-    def _global(self, frame: Any, event: str, arg: Any) -> Any:
-        if event != "call":
-            return None
-        code = frame.f_code
-        if code not in self.kind_of:
-            self.kind_of[code] = next((kind for kind, test in self.targets.items() if test(code)), None)
-        kind = self.kind_of[code]
-        if kind is None:
-            return None
-
-        def local(frame: Any, event: str, arg: Any) -> Any:
-            if event == "line" and not self.fired:
-                self.counts[kind] += 1
-                if kind == self.target and self.counts[kind] == self.k:
-                    self.fired = True
-                    raise self.exc
-            return local
-
-        return local
 
 
 class Agent(ScriptedAgent):
