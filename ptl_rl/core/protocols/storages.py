@@ -97,3 +97,18 @@ class StreamBoundStorage(Protocol):
     def bind_upstream(self, upstream: Iterator[TransitionBatch] | None) -> None: ...
 
     def note_stream_seq(self, batch: TransitionBatch, seq: int | None) -> None: ...
+
+
+@runtime_checkable
+class PartsStorage(Protocol):
+    """A storage saved as its own metadata and named arrays (a FrameStorage), not as one array per field.
+
+    ``saved_parts()`` returns ``(meta, arrays)``: plain counters and layout, and
+    views of the arrays to save; ``load_parts(meta, arrays)`` fills the storage
+    back from them. :func:`~ptl_rl.replay.persist.save_directory` writes them
+    as ``.npy`` files with a manifest; any other storage is saved field by field.
+    """
+
+    def saved_parts(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]: ...
+
+    def load_parts(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None: ...
