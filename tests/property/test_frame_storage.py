@@ -538,3 +538,36 @@ def test_peeking_at_the_upstream_leaves_no_dead_slots(mode, n, compiled):
     assert peeks > 20 and len(buffer) > 60
     assert len(every) - ok.sum() <= env.num_envs * n  # only the newest rows of each env wait for next_obs
     check_against_reference(buffer.storage.gather(every[ok]), reference(recorders(env), n, False), False)
+
+
+@pytest.mark.parametrize("copy", ["pickle", "deepcopy"])
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_a_copied_storage_continues_like_the_original(copy, compiled):
+    """A storage pickled or deep-copied mid-stream takes the same adds as the original and stores the same.
+
+    The per-env state is one array with column views: a copy must make the views of its own array (pickled
+    one by one, each view would come back as a separate array, and the Python path would write the state
+    into arrays the copy no longer reads).
+    """
+    import copy as copying
+    import pickle
+
+    env = make_env("NextStep")
+    stream = NStepTransform(ExperienceSource(env, random_agent(3, 5), seed=5), n=3, gamma=0.9)
+    batches = [next(stream) for _ in range(60)]
+    storage = FrameStorage(40, stack_axis=0, n_step=3, extra_frames=200, check=True)
+    storage.compiled = compiled
+    for b in batches[:30]:
+        storage.add(b)
+    twin = pickle.loads(pickle.dumps(storage)) if copy == "pickle" else copying.deepcopy(storage)
+    state, spare = twin._state, twin._spare
+    assert np.shares_memory(state.recent, state.array) and np.shares_memory(spare.head, spare.array)
+    for b in batches[30:]:
+        np.testing.assert_array_equal(twin.add(b), storage.add(b))
+    every = np.arange(len(storage))
+    ok = storage.sampleable(every)
+    np.testing.assert_array_equal(twin.sampleable(every), ok)
+    mine, theirs = twin.gather(every[ok]), storage.gather(every[ok])
+    for name in theirs.keys():
+        np.testing.assert_array_equal(mine[name], theirs[name], err_msg=name)
+    check_against_reference(mine, reference(recorders(env), 3, False), False)

@@ -30,6 +30,11 @@ class EnvState:
         self.trust, self.recent = array[:, 2 * s], array[:, 2 * s + 1 : 2 * s + 1 + n]
         self.head = array[:, 2 * s + 1 + n]
 
+    def __reduce__(self) -> tuple[type[EnvState], tuple[np.ndarray, int, int]]:
+        # pickle / deepcopy the array once and make the column views of the copy (pickled one by one, each
+        # view would come back as an array of its own, no longer a view)
+        return EnvState, (self.array, self.last.shape[1], self.recent.shape[1])
+
     @staticmethod
     def width(stack: int, n: int) -> int:
         """Columns of the array: ``last``, ``final`` (S each), ``trust``, ``recent`` (n), ``head``."""
