@@ -65,7 +65,7 @@ nitpick_ignore_regex = [
     (r"py:mod", r".*"),
     # type variables: a signature's placeholder (a stage's output type, a callable's result), no object to link
     (r"py:(class|obj)", r"ptl_rl\.core\.(stage|guard|protocols(\.\w+)?)\.(T|T_co|R|SnapshotT)"),
-    (r"py:(class|obj)", r"ptl_rl\.(offline\.source\.FillableT|replay\.unfinished\.SnapshotT)"),
+    (r"py:(class|obj)", r"ptl_rl\.offline\.source\.FillableT"),
 ]
 # Internal helpers that docstrings name for the curious reader but that are not part of the API.
 nitpick_ignore = [

@@ -420,7 +420,7 @@ def test_dict_observations_match_env_record(mode, n, padding, check):
     twin = ArrayStorage(23)
     for _ in range(50):
         slots = buffer._pull()
-        twin.add(buffer.storage._numbered[-1][0])  # the batch the buffer just stored
+        twin.add(buffer.storage._stream.noted[-1][0])  # the batch the buffer just stored
         assert buffer.storage.frame_key == "pixels"
         every = np.arange(len(buffer))
         ok = buffer.storage.sampleable(every)
@@ -560,8 +560,8 @@ def test_a_copied_storage_continues_like_the_original(copy, compiled):
     for b in batches[:30]:
         storage.add(b)
     twin = pickle.loads(pickle.dumps(storage)) if copy == "pickle" else copying.deepcopy(storage)
-    state, spare = twin._state, twin._spare
-    assert np.shares_memory(state.recent, state.array) and np.shares_memory(spare.head, spare.array)
+    envs = twin._envs
+    assert np.shares_memory(envs.state.recent, envs.state.array) and np.shares_memory(envs.spare.head, envs.spare.array)
     for b in batches[30:]:
         np.testing.assert_array_equal(twin.add(b), storage.add(b))
     every = np.arange(len(storage))
