@@ -71,6 +71,8 @@ nitpick_ignore_regex = [
 nitpick_ignore = [
     ("py:class", "ptl_rl.distributed.common.StalenessTracker"),
     ("py:func", "ptl_rl.replay.persist.save_directory"),
+    # a FrameStorage's snapshot holds its per-env state (a part of the storage, not of the API)
+    ("py:class", "ptl_rl.replay.frames.env_state.EnvState"),
     # type variables: a signature's placeholder (find_stage returns an instance of the class it is given), no object
     ("py:class", "ptl_rl.core.chain.StageT"),
 ]
