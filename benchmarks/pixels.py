@@ -375,7 +375,8 @@ def insert_rates(capacity: int, rounds: int, calls: int) -> dict[str, list[float
             storage = buffer.storage
             for b in prepared[:64]:  # warm up (untimed): allocate, and give every env a previous stack
                 storage.add(b)
-            _prefault(storage.pool, storage._obs_refs, storage._next_refs, *storage._fields.fields.values())
+            links = storage._links
+            _prefault(storage.pool, links.obs_refs, links.next_refs, *storage._fields.fields.values())
             add = buffer.add if through_buffer else storage.add
             rates[name].append(calls_per_s(add, [(b,) for b in timed]))
         rates["bare_frames"].append(calls_per_s(bare.add, [(f,) for f in new_frames]))

@@ -65,12 +65,14 @@ nitpick_ignore_regex = [
     (r"py:mod", r".*"),
     # type variables: a signature's placeholder (a stage's output type, a callable's result), no object to link
     (r"py:(class|obj)", r"ptl_rl\.core\.(stage|guard|protocols(\.\w+)?)\.(T|T_co|R|SnapshotT)"),
-    (r"py:(class|obj)", r"ptl_rl\.(offline\.source\.FillableT|replay\.unfinished\.SnapshotT)"),
+    (r"py:(class|obj)", r"ptl_rl\.offline\.source\.FillableT"),
 ]
 # Internal helpers that docstrings name for the curious reader but that are not part of the API.
 nitpick_ignore = [
     ("py:class", "ptl_rl.distributed.intake.StalenessTracker"),
     ("py:func", "ptl_rl.replay.persist.save_directory"),
+    # a FrameStorage's snapshot holds its per-env state (a part of the storage, not of the API)
+    ("py:class", "ptl_rl.replay.frames.env_state.EnvState"),
     # type variables: a signature's placeholder (find_stage returns an instance of the class it is given), no object
     ("py:class", "ptl_rl.core.chain.StageT"),
 ]

@@ -14,7 +14,6 @@ from ptl_rl.replay.sequence import SequenceReplayBuffer
 from ptl_rl.replay.shuffle import ShuffledPasses
 from ptl_rl.replay.storage import ArrayStorage
 from ptl_rl.replay.sumtree import SumTree
-from ptl_rl.replay.unfinished import UnfinishedAdd
 
 __all__ = [
     "ArrayStorage",
@@ -32,7 +31,6 @@ __all__ = [
     "ShuffledPasses",
     "SlotDraws",
     "SumTree",
-    "UnfinishedAdd",
     "load_buffer",
     "save_buffer",
 ]

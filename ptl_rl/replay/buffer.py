@@ -71,8 +71,8 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
     written again in full before the buffer is read or written again, and a
     batch the storage refuses (``ValueError``/``TypeError``: a wrong shape or
     dtype) leaves the buffer as it was. A storage that journals its own adds
-    (:class:`~ptl_rl.core.protocols.JournaledStorage`, e.g. a FrameStorage)
-    is trusted to do so.
+    too (:class:`~ptl_rl.core.protocols.JournaledStorage`, e.g. a FrameStorage,
+    for adds called on it directly) is settled before every read as well.
 
     Examples:
         >>> import gymnasium as gym
@@ -208,15 +208,7 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
         is refused before anything is written: the buffer stays as it was.
         """
         # (no storage code runs before the journal records the batch: a cut anywhere in the storage is redone)
-        return self._journal.write(self._store_once if self._self_journaled else self._store, batch)
-
-    def _store_once(self, batch: TransitionBatch) -> np.ndarray:
-        # a storage that journals its own adds: let it finish one a cut left inside it; the batch is in if the
-        # storage's count moved since the journal's save (a cut after the storage took it), else it is added now
-        cast(JournaledStorage, self.storage).settle()
-        if self.storage.total_added != self._journal.saved:
-            return np.zeros(0, dtype=np.int64)  # (only a redo gets here, and a redo's slots are not returned)
-        return self._store(batch)
+        return self._journal.write(self._store, batch)
 
     def _store(self, batch: TransitionBatch) -> np.ndarray:
         """The write of one add: the rows (a subclass adds what it keeps per slot). Redone whole after a cut."""
@@ -224,23 +216,16 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
 
     def settle(self) -> None:
         """Finish an add that a cut left half done (called before every read; a no-op when none is)."""
-        self._journal.settle()
+        self._journal.settle()  # (its restore drops an add the storage journals itself: done once, here)
         if self._self_journaled:  # (an add made on the storage directly)
-            cast(JournaledStorage, self.storage).settle()
+            cast(JournaledStorage[object], self.storage).settle()
 
     def _save_written(self) -> object:
-        """What an add changes besides whole rows: the storage's counters (all its bookkeeping, if it says so).
-
-        For a storage that journals its own adds, only its count: it rolls back its own bookkeeping.
-        """
-        if self._self_journaled:  # its count as of now, once it finished an add a cut left inside it
-            cast(JournaledStorage, self.storage).settle()
-            return self.storage.total_added
+        """What an add changes besides whole rows: the storage's counters (all its bookkeeping, if it says so)."""
         return storage_snapshot(self.storage)
 
     def _restore_written(self, saved: Any) -> None:
-        if not self._self_journaled:
-            restore_storage(self.storage, saved)
+        restore_storage(self.storage, saved)
 
     def sample(self, batch_size: int) -> TransitionBatch:
         """``batch_size`` transitions drawn uniformly with replacement, as numpy arrays [batch_size, ...]."""

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ptl_rl.core._trees import tree_leaves
+from ptl_rl.core.protocols import PartsStorage
 
 if TYPE_CHECKING:
     from ptl_rl.replay.buffer import ReplayBuffer
@@ -139,7 +140,7 @@ def load_directory(
 ) -> dict[str, Any]:
     """Fill ``storage`` from a save in ``directory`` (arrays memory-mapped, streamed in); returns the manifest."""
     manifest = read_manifest(directory, expected_save_id)
-    kind = FORMAT if hasattr(storage, "_restore") else ARRAY_FORMAT
+    kind = FORMAT if isinstance(storage, PartsStorage) else ARRAY_FORMAT
     if manifest["format"] != kind:
         raise ValueError(
             f"{directory} holds a {manifest['format']} save; this buffer's storage is a {type(storage).__name__} "
@@ -151,8 +152,8 @@ def load_directory(
         if list(array.shape) != entry["shape"] or np.lib.format.dtype_to_descr(array.dtype) != entry["dtype"]:
             raise ValueError(f"{entry['file']} in {directory} does not match its manifest entry; the save is damaged")
         arrays[name] = array
-    if kind == FORMAT:
-        storage._restore(manifest["meta"], arrays)
+    if isinstance(storage, PartsStorage):
+        storage.load_parts(manifest["meta"], arrays)
     else:
         _restore_array_storage(storage, manifest["meta"], arrays)
     return manifest
@@ -172,7 +173,7 @@ def load_buffer(buffer: ReplayBuffer, directory: str | os.PathLike[str]) -> None
     manifest = read_manifest(directory)
     path = os.path.join(os.fspath(directory), EXTRA_STATE)
     state = torch.load(path, weights_only=True)
-    if hasattr(buffer.storage, "_restore"):  # a FrameStorage loads the directory as its state
+    if isinstance(buffer.storage, PartsStorage):  # a FrameStorage loads the directory as its state
         state["storage"] = {"directory": os.fspath(directory), "save_id": manifest["save_id"]}
     else:  # an ArrayStorage is loaded here; the buffer then takes its state (views of what was just loaded)
         load_directory(buffer.storage, directory, manifest["save_id"])
@@ -198,8 +199,8 @@ def save_to_checkpoint_dir(storage: Any, root: str | os.PathLike[str]) -> dict[s
 
 def _parts(storage: Any) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]:
     """(format, meta, arrays by name) of a storage: a FrameStorage's own, or an ArrayStorage's field leaves."""
-    if hasattr(storage, "_arrays"):
-        return FORMAT, storage._meta(), storage._arrays()
+    if isinstance(storage, PartsStorage):
+        return FORMAT, *storage.saved_parts()
     meta = {k: int(getattr(storage, k)) for k in ("capacity", "cursor", "size", "total_added")}
     fields = {} if storage.fields is None else storage.fields
     arrays = {f"field.{path}": leaf[: storage.size] for path, leaf in tree_leaves(fields)}

@@ -121,9 +121,7 @@ class PrioritizedReplayBuffer(IndexedReplayBuffer):
         return super().add(batch)
 
     def _store(self, batch: TransitionBatch) -> np.ndarray:
-        # one write: the rows, their generation and their priority, redone whole after a cut (with a storage
-        # that journals its own adds, a cut after the rows leaves them at their slot's previous priority and
-        # generation: sampled with a stale weight, never wrong)
+        # one write: the rows, their generation and their priority, redone whole after a cut
         old_size = self.storage.size
         slots = self.storage.add(batch)
         if len(slots) == 0:

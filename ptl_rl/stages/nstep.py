@@ -53,7 +53,8 @@ class NStepTransform(Stage[TransitionBatch]):
     Args:
         upstream: an iterator of 1-step batches (an :class:`ExperienceSource`),
             or ``None`` to use :meth:`fold` on recorded data.
-        n: window length, ``n >= 1``.
+        n: window length, ``n >= 1`` (read by stages downstream: an
+            :class:`~ptl_rl.core.protocols.NStepStream`).
         gamma: discount per step, in ``(0, 1]``.
 
     Input rows may come from any number of envs (``env_id``, int64 >= 0) in any
@@ -98,6 +99,8 @@ class NStepTransform(Stage[TransitionBatch]):
         As a stage: ``ptl_rl.NStepTransform(source, n=3, gamma=0.99)`` yields the
         n-step transitions of each batch the source yields.
     """
+
+    n: int  # the window length: what makes it an NStepStream (a FrameStorage downstream links next_obs by it)
 
     def __init__(self, upstream: Iterator[TransitionBatch] | None, n: int, gamma: float) -> None:
         if not isinstance(n, (int, np.integer)) or n < 1:

@@ -33,7 +33,6 @@ from ptl_rl import ExperienceSource, FrameStorage, NStepTransform, ReplayBuffer,
 from ptl_rl.replay import frames as frames_module
 from ptl_rl.replay.frames.compiled import _SlotWindows
 from ptl_rl.replay.frames.env_state import EnvState
-from ptl_rl.replay.unfinished import UnfinishedAdd
 
 compiled = pytest.mark.skipif(
     frames_module._frame_insert is None, reason="ptl_rl.replay._frame_insert is not built (no C compiler?)"
@@ -58,17 +57,18 @@ class Numbered:
 
 def snapshot_of(storage: FrameStorage) -> dict[str, object]:
     out: dict[str, object] = {
-        "counters": (storage.cursor, storage.size, storage.total_added, storage.frames_written, storage._seen_seq),
+        "counters": (storage.cursor, storage.size, storage.total_added, storage.frames_written, storage._stream.seen),
     }
     if storage.pool is None:
         return out
-    out.update(pool=storage.pool.copy(), obs_refs=storage._obs_refs.copy(), next_refs=storage._next_refs.copy())
-    out.update(state=storage._state.array.copy(), pending=storage._pending.copy())
+    links, envs = storage._links, storage._envs
+    out.update(pool=storage.pool.copy(), obs_refs=links.obs_refs.copy(), next_refs=links.next_refs.copy())
+    out.update(state=envs.state.array.copy(), pending=envs.pending.copy())
     for name, array in storage._fields.fields.items():
         out[f"field.{name}"] = np.array(array, copy=True)
     # what a cut resolves from: the newest batches' first transition number, env ids and next_obs frames
-    out["retained.first"] = tuple(first for first, _ in storage._retained)
-    for k, (_, rows_of) in enumerate(storage._retained):
+    out["retained.first"] = tuple(first for first, _ in links.retained)
+    for k, (_, rows_of) in enumerate(links.retained):
         out[f"retained.{k}.env"] = np.array(rows_of["env_id"])
         out[f"retained.{k}.next"] = np.array(rows_of["next_obs"])
     return out
@@ -95,18 +95,48 @@ def assert_same_samples(a: FrameStorage, b: FrameStorage) -> None:
 
 
 class Counting:
-    """Counts the adds the compiled insert took (not None) on a storage."""
+    """Counts the adds the compiled insert took on a storage: its adds less those it left to the Python path."""
 
     def __init__(self, storage: FrameStorage) -> None:
-        self.taken = 0
-        inner = storage.try_atomic_add
+        self.adds = self.left = 0
+        kernel = storage._kernel  # (the storage's CompiledInsert: None when compiled is off)
+        add, fallback = kernel.add, kernel.fallback
 
-        def counted(*args):
-            out = inner(*args)
-            self.taken += out is not None
-            return out
+        def counted_add(batch):
+            self.adds += 1
+            return add(batch)
 
-        storage.try_atomic_add = counted
+        def counted_fallback(batch):
+            self.left += 1
+            return fallback(batch)
+
+        storage._writer, kernel.fallback = counted_add, counted_fallback  # (the writer an add calls)
+
+    @property
+    def taken(self) -> int:
+        return self.adds - self.left
+
+
+class LeftToPython(Exception):
+    """Raised by :func:`left_to_python`'s fallback: the compiled insert did not take the batch."""
+
+
+def left_to_python(storage: FrameStorage, batch: TransitionBatch) -> bool:
+    """Whether the compiled insert leaves ``batch`` to the Python path (then it has changed nothing: see callers)."""
+    kernel = storage._kernel
+    fallback = kernel.fallback
+
+    def refuse(batch):
+        raise LeftToPython
+
+    kernel.fallback = refuse
+    try:
+        kernel.add(batch)
+    except LeftToPython:
+        return True
+    finally:
+        kernel.fallback = fallback
+    return False
 
 
 def synthetic_batches(seed: int, num_envs: int, stack: int, n: int, steps: int, p_end: float, alphabet: int, zero_pad):
@@ -218,7 +248,7 @@ def test_compiled_insert_equals_python_path(
 @pytest.mark.parametrize("n", [1, 3])
 @pytest.mark.parametrize("padding", ["reset", "zero"])
 def test_compiled_insert_through_a_buffer_equals_python_path_and_env_record(mode, n, padding):
-    """ExperienceSource -> NStepTransform -> ReplayBuffer.add (try_atomic_add, check=None trusted), wrapping."""
+    """ExperienceSource -> NStepTransform -> ReplayBuffer.add (the compiled insert, check=None trusted), wrapping."""
     env = make_env(mode, padding)
     stream = NStepTransform(ExperienceSource(env, random_agent(3, 5), seed=2), n=n, gamma=0.9)
     recorded = []
@@ -232,7 +262,6 @@ def test_compiled_insert_through_a_buffer_equals_python_path_and_env_record(mode
     pure_buffer = ReplayBuffer(ups[1], 23, seed=0, storage=make)
     fast_buffer.storage.compiled, pure_buffer.storage.compiled = True, False
     counting = Counting(fast_buffer.storage)
-    fast_buffer._atomic_add = fast_buffer.storage.try_atomic_add  # (the buffer looked it up before it was counted)
     for i, (batch, seq) in enumerate(recorded):
         ups[0].stream_seq = ups[1].stream_seq = seq
         np.testing.assert_array_equal(fast_buffer.add(batch), pure_buffer.add(batch))
@@ -257,12 +286,11 @@ def test_compiled_insert_is_left_for_layouts_it_does_not_cover():
     last_axis = FrameStorage(10, stack_axis=-1, n_step=1, check=False)
     last_axis.compiled = True
     last_axis.add(batch)
-    assert last_axis.try_atomic_add(batch, UnfinishedAdd((batch,), done=False)) is None and last_axis._kernel is False
+    assert left_to_python(last_axis, batch) and last_axis._kernel.state == "not covered"
     first_axis = FrameStorage(10, stack_axis=0, n_step=1, check=False)
     first_axis.compiled = True
     first_axis.add(batch)
-    record = UnfinishedAdd((batch,), done=False)
-    assert first_axis.try_atomic_add(batch, record) is None  # float64 rewards stored as float32
+    assert left_to_python(first_axis, batch)  # float64 rewards stored as float32
     assert first_axis.total_added == 2
 
 
@@ -281,20 +309,21 @@ def test_the_kernel_takes_the_batch_dict_and_state_arrays_it_was_not_bound_with(
     extra = TransitionBatch({**batches[10], "info": np.zeros(len(batches[10]))})
     missing = TransitionBatch({k: v for k, v in batches[10].items() if k != "reward"})
     for odd in (extra, missing):
-        assert fast.try_atomic_add(odd, UnfinishedAdd((odd,), done=False)) is None
+        assert left_to_python(fast, odd)
         after = snapshot_of(fast)
         assert before.keys() == after.keys()
         for key in before:
             np.testing.assert_equal(after[key], before[key], err_msg=key)
-    state = fast._state
-    fast._state = EnvState(state.array.copy(), fast.stack, 2)  # (replaced without dropping the kernel)
-    fast._spare = fast._state.spare()
+    envs = fast._envs
+    state = envs.state
+    envs.state = EnvState(state.array.copy(), fast.stack, 2)  # (replaced without the kernel binding again)
+    envs.spare = envs.state.spare()
     taken = counting.taken
     for i, batch in enumerate(batches[10:]):
         np.testing.assert_array_equal(fast.add(batch), pure.add(batch))
         assert_same(fast, pure, f"add {i}")
     assert counting.taken == taken + len(batches) - 10
-    assert fast._state.array is not state.array and fast._spare.array is not state.array
+    assert envs.state.array is not state.array and envs.spare.array is not state.array
 
 
 @compiled
@@ -327,7 +356,7 @@ def test_a_storage_with_a_kernel_copies_and_pickles():
     storage.compiled = True
     for batch in batches[:15]:
         storage.add(batch)
-    assert storage._kernel not in (None, False)
+    assert storage._kernel.state == "bound"
     twin = pickle.loads(pickle.dumps(storage))
     other = copy.deepcopy(storage)
     for batch in batches[15:]:
@@ -335,7 +364,7 @@ def test_a_storage_with_a_kernel_copies_and_pickles():
             s.add(batch)
     assert_same(twin, storage, "pickled")
     assert_same(other, storage, "deep-copied")
-    assert twin._kernel not in (None, False)
+    assert twin._kernel.state == "bound"
 
 
 @compiled

@@ -74,14 +74,16 @@ COMPILED = [False, pytest.param(True, marks=pytest.mark.skipif(_frame_insert is 
 
 
 def assert_exact(buffer, table, twin=None, where: str = "") -> None:
-    storage = buffer.storage
+    """Every sampleable slot of ``buffer`` (a buffer, or a storage) is the env's own; all equal ``twin``'s."""
+    storage = buffer if isinstance(buffer, FrameStorage) else buffer.storage
     every = np.arange(len(storage))
     ok = storage.sampleable(every)
     if ok.any():
         check_against_reference(storage.gather(every[ok]), table, False)
     if twin is not None:
-        assert np.array_equal(ok, twin.storage.sampleable(every)), where
-        mine, theirs = storage.gather(every[ok]), twin.storage.gather(every[ok])
+        theirs_storage = twin if isinstance(twin, FrameStorage) else twin.storage
+        assert np.array_equal(ok, theirs_storage.sampleable(every)), where
+        mine, theirs = storage.gather(every[ok]), theirs_storage.gather(every[ok])
         for name in theirs.keys():
             np.testing.assert_array_equal(mine[name], theirs[name], err_msg=f"{where}: {name}")
 
@@ -105,9 +107,9 @@ def test_add_interrupted_at_every_line_is_redone(kind, n, check, compiled):
     for b in batches[target + 1 :]:
         twin.add(b)
     assert_exact(twin, table)
-    # SequenceReplayBuffer.add calls storage.add itself, with no record of the batch: an interrupt at the
-    # storage's first line, before the storage records it, loses the batch (its own journal must keep it)
-    for k in range(2 if kind == "sequence" else 1, lines + 1):
+    # every buffer's journal records the batch before any storage code runs (SequenceReplayBuffer's saves the
+    # storage's snapshot, the first frames line): a cut at any line of the storage is redone
+    for k in range(1, lines + 1):
         buffer = make_buffer(kind, n, check, compiled)
         for b in batches[:target]:
             buffer.add(b)
@@ -118,6 +120,39 @@ def test_add_interrupted_at_every_line_is_redone(kind, n, check, compiled):
             buffer.add(b)
         assert_exact(buffer, table, twin, where=f"line {k}")
         assert buffer.storage.total_added == twin.storage.total_added
+
+
+@pytest.mark.parametrize("compiled", COMPILED)
+@pytest.mark.parametrize("n,check", [(3, True), (3, False), (1, True)])
+def test_add_called_on_the_storage_and_cut_at_every_line_is_redone_by_the_storage(n, check, compiled):
+    # no buffer: the storage's own journal (the guard's WriteJournal) records the batch on the first line of
+    # FrameStorage.add; a cut anywhere after it is done again, in full, by settle() or by the next add
+    batches, table = recorded_batches(n)
+    target = len(batches) - 4
+    getters = {"size", "cursor", "total_added", "__len__"}
+    injector = Injector({"frames": lambda code: in_frames(code) and code.co_name not in getters})
+    twin = make_buffer("uniform", n, check, compiled).storage
+    for b in batches[:target]:
+        twin.add(b)
+    injector.run(lambda: twin.add(batches[target]))
+    lines = injector.counts["frames"]
+    assert lines > 30 or (compiled and lines >= 5)
+    for b in batches[target + 1 :]:
+        twin.add(b)
+    for k in range(2, lines + 1):  # (line 1 is add's own: a cut there is before the batch was recorded)
+        storage = make_buffer("uniform", n, check, compiled).storage
+        for b in batches[:target]:
+            storage.add(b)
+        with pytest.raises(KeyboardInterrupt):
+            injector.run(lambda: storage.add(batches[target]), "frames", k, KeyboardInterrupt())  # noqa: B023
+        assert_exact(storage, table, where=f"line {k}, right after the interrupt")
+        if k % 2:  # (half the cuts are finished by settle(), half by the next add)
+            storage.settle()
+            assert storage.total_added == sum(len(b) for b in batches[: target + 1]), f"line {k}"
+        for b in batches[target + 1 :]:
+            storage.add(b)
+        assert_exact(storage, table, twin, where=f"line {k}")
+        assert storage.total_added == twin.total_added
 
 
 @pytest.mark.parametrize("compiled", COMPILED)

@@ -420,7 +420,7 @@ def test_dict_observations_match_env_record(mode, n, padding, check):
     twin = ArrayStorage(23)
     for _ in range(50):
         slots = buffer._pull()
-        twin.add(buffer.storage._numbered[-1][0])  # the batch the buffer just stored
+        twin.add(buffer.storage._stream.noted[-1][0])  # the batch the buffer just stored
         assert buffer.storage.frame_key == "pixels"
         every = np.arange(len(buffer))
         ok = buffer.storage.sampleable(every)
@@ -538,3 +538,36 @@ def test_peeking_at_the_upstream_leaves_no_dead_slots(mode, n, compiled):
     assert peeks > 20 and len(buffer) > 60
     assert len(every) - ok.sum() <= env.num_envs * n  # only the newest rows of each env wait for next_obs
     check_against_reference(buffer.storage.gather(every[ok]), reference(recorders(env), n, False), False)
+
+
+@pytest.mark.parametrize("copy", ["pickle", "deepcopy"])
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_a_copied_storage_continues_like_the_original(copy, compiled):
+    """A storage pickled or deep-copied mid-stream takes the same adds as the original and stores the same.
+
+    The per-env state is one array with column views: a copy must make the views of its own array (pickled
+    one by one, each view would come back as a separate array, and the Python path would write the state
+    into arrays the copy no longer reads).
+    """
+    import copy as copying
+    import pickle
+
+    env = make_env("NextStep")
+    stream = NStepTransform(ExperienceSource(env, random_agent(3, 5), seed=5), n=3, gamma=0.9)
+    batches = [next(stream) for _ in range(60)]
+    storage = FrameStorage(40, stack_axis=0, n_step=3, extra_frames=200, check=True)
+    storage.compiled = compiled
+    for b in batches[:30]:
+        storage.add(b)
+    twin = pickle.loads(pickle.dumps(storage)) if copy == "pickle" else copying.deepcopy(storage)
+    envs = twin._envs
+    assert np.shares_memory(envs.state.recent, envs.state.array) and np.shares_memory(envs.spare.head, envs.spare.array)
+    for b in batches[30:]:
+        np.testing.assert_array_equal(twin.add(b), storage.add(b))
+    every = np.arange(len(storage))
+    ok = storage.sampleable(every)
+    np.testing.assert_array_equal(twin.sampleable(every), ok)
+    mine, theirs = twin.gather(every[ok]), storage.gather(every[ok])
+    for name in theirs.keys():
+        np.testing.assert_array_equal(mine[name], theirs[name], err_msg=name)
+    check_against_reference(mine, reference(recorders(env), 3, False), False)

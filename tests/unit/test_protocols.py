@@ -16,8 +16,10 @@ from ptl_rl.core.protocols import (
     EnvStepAware,
     EpisodeCounter,
     JournaledStorage,
+    NStepStream,
     NumberedStream,
     PartlySampleableStorage,
+    PartsStorage,
     PerEnvStream,
     RankAware,
     RecurrentAgent,
@@ -66,6 +68,8 @@ def test_the_chain_of_ptl_rl_meets_its_protocols():
         assert isinstance(source, protocol), protocol.__name__
     assert source.upstream is None  # a source is a stage that pulls from nothing
     assert isinstance(nstep, StageLike) and isinstance(nstep, NumberedStream) and isinstance(nstep, Stateful)
+    # a FrameStorage downstream reads the n-step n through NStepStream: the n-step stage says it, the source does not
+    assert isinstance(nstep, NStepStream) and nstep.n == 2 and not isinstance(source, NStepStream)
     assert isinstance(buffer, ReplayStage) and not isinstance(sampler, ReplayStage)
     assert all(isinstance(stage, StageLike) for stage in (source, nstep, buffer, sampler))
     for protocol in (Agent, EnvStepAware, RankAware, Stateful):
@@ -76,10 +80,32 @@ def test_the_chain_of_ptl_rl_meets_its_protocols():
 def test_storages_meet_the_storage_protocol_and_say_which_capabilities_they_have():
     plain, frames = ptl_rl.ArrayStorage(8), ptl_rl.FrameStorage(8)
     assert isinstance(plain, Storage) and isinstance(frames, Storage)
-    for capability in (PartlySampleableStorage, StreamBoundStorage, JournaledStorage):
+    for capability in (PartlySampleableStorage, StreamBoundStorage, JournaledStorage, PartsStorage):
         assert isinstance(frames, capability) and not isinstance(plain, capability), capability.__name__
     # both roll an add back (the journal of a buffer redoes a cut add from it): ArrayStorage's covers its allocation
     assert isinstance(frames, RollbackStorage) and isinstance(plain, RollbackStorage)
+
+
+def test_a_frame_storage_takes_n_from_an_n_step_stream_and_trusts_a_numbered_one():
+    class Stream:  # an upstream written against the protocols only: it numbers its batches and says its n
+        def __init__(self, n: int) -> None:
+            self.n, self.stream_seq = n, 0
+
+        def __iter__(self) -> Stream:
+            return self
+
+        def __next__(self) -> ptl_rl.TransitionBatch:
+            raise StopIteration
+
+    assert isinstance(Stream(3), NStepStream) and isinstance(Stream(3), NumberedStream)
+    storage = ptl_rl.FrameStorage(8, stack_axis=0)
+    storage.bind_upstream(Stream(3))
+    assert storage.n_step == 3 and storage.trusted
+    plain = ptl_rl.FrameStorage(8, stack_axis=0)
+    plain.bind_upstream(iter([]))  # neither numbered nor n-step: 1-step data, stacks compared
+    assert plain.n_step == 1 and not plain.trusted
+    with pytest.raises(ValueError, match="upstream emits 3-step transitions"):
+        ptl_rl.FrameStorage(8, stack_axis=0, n_step=2).bind_upstream(Stream(3))
 
 
 def test_implements_agrees_with_isinstance_for_protocols_of_methods():

@@ -93,7 +93,7 @@ def state_of(container) -> dict:
     """Everything the container holds, as plain numpy copies (state dicts hold views)."""
     state = container.state_dict()
     if isinstance(container, FrameStorage):
-        state = {"state": state, "pending": container._pending.copy(), "sampleable": container.num_sampleable}
+        state = {"state": state, "pending": container._envs.pending.copy(), "sampleable": container.num_sampleable}
     return copy_tree(state)
 
 

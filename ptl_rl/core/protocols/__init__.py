@@ -8,14 +8,16 @@ that has a capability's members is treated as having it.
 
 * A **stage** (:class:`StageLike`) is an iterator with an ``upstream`` attribute.
   Optional: :class:`Stateful` (saved in checkpoints), :class:`RankAware`
-  (DDP ranks), :class:`NumberedStream` and :class:`PerEnvStream` (stream
-  facts that stages downstream rely on), :class:`EpisodeCounter` (stands in
-  for a source in the episode callbacks), :class:`ReplayStage` (holds replay
-  contents), :class:`OnPolicyStage` (one Lightning epoch per rollout).
+  (DDP ranks), :class:`NumberedStream`, :class:`NStepStream` and
+  :class:`PerEnvStream` (stream facts that stages downstream rely on),
+  :class:`EpisodeCounter` (stands in for a source in the episode callbacks),
+  :class:`ReplayStage` (holds replay contents), :class:`OnPolicyStage` (one
+  Lightning epoch per rollout).
 * A **storage** (:class:`Storage`) is what a
   :class:`~ptl_rl.replay.ReplayBuffer` keeps its transitions in. Optional:
-  :class:`RollbackStorage`, :class:`PartlySampleableStorage`,
-  :class:`StreamBoundStorage`.
+  :class:`RollbackStorage`, :class:`JournaledStorage`,
+  :class:`PartlySampleableStorage`, :class:`StreamBoundStorage`,
+  :class:`PartsStorage`.
 * An **agent** (:class:`Agent`) is a callable from observations to actions.
   Optional: :class:`RecurrentAgent`, :class:`EnvStepAware`,
   :class:`RankAware`, :class:`Stateful`, :class:`Critic`.
@@ -44,6 +46,7 @@ from ptl_rl.core.protocols.envs import Env, EnvLike, VectorEnv
 from ptl_rl.core.protocols.stages import (
     ActingStage,
     EpisodeCounter,
+    NStepStream,
     NumberedStream,
     OnPolicyStage,
     PerEnvStream,
@@ -59,6 +62,7 @@ from ptl_rl.core.protocols.stages import (
 from ptl_rl.core.protocols.storages import (
     JournaledStorage,
     PartlySampleableStorage,
+    PartsStorage,
     RollbackStorage,
     Storage,
     StreamBoundStorage,
@@ -73,10 +77,12 @@ __all__ = [
     "EnvStepAware",
     "EpisodeCounter",
     "JournaledStorage",
+    "NStepStream",
     "NumberedStream",
     "ObsTree",
     "OnPolicyStage",
     "PartlySampleableStorage",
+    "PartsStorage",
     "PerEnvStream",
     "Pipeline",
     "RankAware",

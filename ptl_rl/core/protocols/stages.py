@@ -95,6 +95,19 @@ class NumberedStream(Protocol):
 
 
 @runtime_checkable
+class NStepStream(Protocol):
+    """A stage whose transitions span ``n`` env steps: ``next_obs`` is the ``obs`` of the same env ``n`` steps later.
+
+    :class:`~ptl_rl.stages.nstep.NStepTransform` is one. A
+    :class:`~ptl_rl.replay.FrameStorage` fed by it takes its ``n`` (a transition's
+    ``next_obs`` is stored as a link to the observation ``n`` rows later); an
+    upstream without ``n`` delivers 1-step transitions.
+    """
+
+    n: int
+
+
+@runtime_checkable
 class PerEnvStream(Protocol):
     """A stage that says whether each batch it yields holds at most one step per env, in time order.
 

@@ -63,15 +63,22 @@ class RollbackStorage(Protocol[SnapshotT]):
 
 
 @runtime_checkable
-class JournaledStorage(Protocol):
-    """A storage whose ``add`` is safe against cuts by itself (a FrameStorage, whose compiled insert commits whole).
+class JournaledStorage(Protocol[SnapshotT]):
+    """A storage whose own ``add`` is a write of the guard (a FrameStorage): safe against cuts when called directly.
 
-    A buffer adds to it directly instead of journaling the add (see
-    :class:`~ptl_rl.core.guard.WriteJournal`), and calls ``settle()`` before
-    every read: it finishes an add a cut left half done (a no-op when none is).
+    An add cut short is done again by the storage's next ``add`` or by
+    ``settle()`` (a no-op when none is open); a buffer calls ``settle()``
+    before every read. Under a buffer the buffer's journal records the add as
+    for any :class:`RollbackStorage`: ``snapshot()`` first finishes an add of
+    the storage's own that a cut left, and ``restore()`` drops one, so the
+    buffer's redo stores the batch once. Generic in the snapshot's type, as :class:`RollbackStorage`.
     """
 
     def settle(self) -> None: ...
+
+    def snapshot(self) -> SnapshotT: ...
+
+    def restore(self, snapshot: SnapshotT) -> None: ...
 
 
 @runtime_checkable
@@ -97,3 +104,18 @@ class StreamBoundStorage(Protocol):
     def bind_upstream(self, upstream: Iterator[TransitionBatch] | None) -> None: ...
 
     def note_stream_seq(self, batch: TransitionBatch, seq: int | None) -> None: ...
+
+
+@runtime_checkable
+class PartsStorage(Protocol):
+    """A storage saved as its own metadata and named arrays (a FrameStorage), not as one array per field.
+
+    ``saved_parts()`` returns ``(meta, arrays)``: plain counters and layout, and
+    views of the arrays to save; ``load_parts(meta, arrays)`` fills the storage
+    back from them. :func:`~ptl_rl.replay.persist.save_directory` writes them
+    as ``.npy`` files with a manifest; any other storage is saved field by field.
+    """
+
+    def saved_parts(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]: ...
+
+    def load_parts(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None: ...

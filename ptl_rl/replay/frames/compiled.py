@@ -1,24 +1,29 @@
-"""The compiled insert of a FrameStorage: the C kernel's loader (with the Python fallback) and its commit.
+"""The compiled insert of a FrameStorage: the C kernel's loader (with the Python fallback) and the Python around it.
 
 ``_frame_insert.c`` is an array kernel: it gets the storage's arrays (held as buffers), the batch's arrays
-and the counters as integers, writes the batch and returns the number of frames written. Everything else
-is here, in Python: which batches it may take (the stream number, a cut, the journal), and the commit of
-the bookkeeping once the kernel returned. ``PTL_RL_PURE_PYTHON=1`` (read once by
-:mod:`ptl_rl.core.settings`) forces the Python path for every FrameStorage (``FrameStorage.compiled`` does
-it for one); a build without a C compiler has no kernel, takes the Python path too, and says so once.
+and the counters as integers, writes the batch and returns the number of rows written. Everything else
+is here, in Python: which batches it may take (the stream number, a cut), and the bookkeeping once the
+kernel returned. ``PTL_RL_PURE_PYTHON=1`` (read once by :mod:`ptl_rl.core.settings`) forces the Python
+path for every FrameStorage (``FrameStorage.compiled`` does it for one); a build without a C compiler has
+no kernel, takes the Python path too, and says so once.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 import numpy as np
 
 from ptl_rl.core.batch import TransitionBatch
 from ptl_rl.core.settings import SETTINGS, load_kernel
-from ptl_rl.replay.frames.insert import FrameInsert
-from ptl_rl.replay.unfinished import UnfinishedAdd
+from ptl_rl.replay.frames.checks import ObsLayout
+from ptl_rl.replay.frames.env_state import EnvTable
+from ptl_rl.replay.frames.links import FrameLinks
+from ptl_rl.replay.frames.pool import FramePool
+from ptl_rl.replay.frames.stream import StreamNumbers
+from ptl_rl.replay.storage import ArrayStorage
 
 PURE_PYTHON = not SETTINGS.compiled  # (PTL_RL_PURE_PYTHON=1, read once by ptl_rl.core.settings)
 _frame_insert = load_kernel("_frame_insert")
@@ -50,126 +55,145 @@ class _SlotWindows(dict[int, np.ndarray]):
 
 
 class _Bound:
-    """A kernel bound to one storage's arrays, where the retained batches are cut before the newest joins, and
-    the slot windows of its ring."""
+    """A kernel bound to one storage's arrays, the env table's version it holds, where the retained batches are
+    cut before the newest joins, and the slot windows of its ring."""
 
-    __slots__ = ("insert", "keep_from", "windows")
+    __slots__ = ("insert", "keep_from", "version", "windows")
 
-    def __init__(self, kernel: Any, n: int, capacity: int) -> None:
+    def __init__(self, kernel: Any, n: int, capacity: int, version: int) -> None:
         self.insert = kernel.insert  # (the bound method: one attribute load a call)
         # the last n - 1 earlier batches stay beside the newest; n = 1: none (a start past any tuple's end)
         self.keep_from = 1 - n if n > 1 else sys.maxsize
+        self.version = version
         self.windows = _SlotWindows(capacity)
 
 
-class CompiledInsert(FrameInsert):
-    """The compiled insert of a FrameStorage (its fifth layer): a kernel call, then one commit statement."""
+class CompiledInsert:
+    """The compiled insert of one FrameStorage: its kernel, bound to the storage's parts' arrays on first use.
 
-    _compiled: bool
-    _journal: UnfinishedAdd[tuple[Any, ...]]  # the storage's own record of an add under way (see FrameJournal.add)
+    Args:
+        layout, fields, pool, links, envs, stream: the storage's parts (the kernel holds their arrays; the
+            insert reads and advances their counters).
+        check: the storage's ``check`` (``None``: trust the stacks of a numbered stream).
+        fallback: the Python path, for a batch the kernel does not cover (``batch -> slots``).
+    """
+
+    def __init__(
+        self,
+        layout: ObsLayout,
+        fields: ArrayStorage,
+        pool: FramePool,
+        links: FrameLinks,
+        envs: EnvTable,
+        stream: StreamNumbers,
+        check: bool | None,
+        fallback: Callable[[TransitionBatch], np.ndarray],
+    ) -> None:
+        self.layout, self.fields, self.pool, self.links, self.envs, self.stream = (
+            layout, fields, pool, links, envs, stream,
+        )  # fmt: skip
+        self.check, self.fallback = check, fallback
+        self._bound: _Bound | Literal[False] | None = None  # None: to bind; False: a layout it does not cover
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle / deepcopy without the kernel (a C object holding the arrays): the next add binds again."""
+        state = self.__dict__.copy()
+        state["_bound"] = None
+        return state
 
     @property
-    def compiled(self) -> bool:
-        """Whether adds may take the compiled insert (see :meth:`try_atomic_add`); ``False`` forces the Python path.
+    def state(self) -> str:
+        """``"bound"`` (the kernel holds the arrays), ``"unbound"`` (binds at the next add), or ``"not covered"``."""
+        bound = self._bound
+        return "unbound" if bound is None else "not covered" if bound is False else "bound"
 
-        ``True`` by default when the extension ``ptl_rl.replay._frame_insert`` is built and
-        ``PTL_RL_PURE_PYTHON`` is not set. Both paths leave the storage bit-identical.
+    def drop(self) -> None:
+        """Forget the kernel (the storage's arrays were replaced): the next add binds again."""
+        self._bound = None
+
+    def add(self, batch: TransitionBatch) -> np.ndarray:
+        """Add ``batch`` with the kernel, or with the Python path where the kernel does not cover it.
+
+        Returns the slots written (int64 [B]). Covered: array observations
+        ``[B, S, *frame]`` stacked along axis 0 (S >= 2) and fields in their
+        stored dtypes, in trusted and checked mode, with episode ends, restarted
+        stacks, envs missing, repeated (trusted mode) or out of order, ring and
+        pool wrap; the result is bit-identical to the Python path's. Left to the
+        Python path (``fallback``, before anything changed): Dict observations,
+        other stack axes, dtypes to cast, a cut in the numbered stream (a batch
+        added again is one), a batch of more rows than the ring holds, in
+        checked mode an env twice in one batch or an observation that is not
+        the ``next_obs`` it resolves (refused there).
+
+        The kernel writes the next per-env state into the table's spare array and
+        the frames at pool positions it counts as written before writing them; a
+        cut after it leaves the storage's journal to restore the bookkeeping and
+        add the batch again (``docs/design/pixel-replay.md``).
         """
-        return self._compiled
-
-    @compiled.setter
-    def compiled(self, value: bool) -> None:
-        if value and _frame_insert is None:
-            raise ValueError("the compiled insert ptl_rl.replay._frame_insert is not built (see docs/pixels.rst)")
-        self._compiled, self._kernel = bool(value), None
-
-    def try_atomic_add(self, batch: TransitionBatch, record: UnfinishedAdd[tuple[Any, ...]]) -> np.ndarray | None:
-        """Add ``batch`` with the compiled kernel and mark ``record`` done in the statement that commits it.
-
-        Returns the slots written (int64 [B]), or ``None`` when the batch is not
-        covered (then nothing changed: call :meth:`add`). Covered: array
-        observations ``[B, S, *frame]`` stacked along axis 0 (S >= 2) and fields
-        in their stored dtypes, in trusted and checked mode, with episode ends,
-        restarted stacks, envs missing, repeated (trusted mode) or out of order,
-        ring and pool wrap; the result is bit-identical to the Python path's.
-        Left to :meth:`add`: Dict observations, other stack axes, dtypes to
-        cast, a cut in the numbered stream (a batch added again is one), a batch
-        of more rows than the ring holds, in checked mode an env twice in one
-        batch or an observation that is not the ``next_obs`` it resolves
-        (refused there), and any batch while the storage's own journal holds
-        an add cut short (``record`` is not that journal).
-
-        An interrupt before the kernel call changes nothing; one after it, before
-        the commit, leaves only writes the storage does not count (the per-env
-        state went to the spare array, the frames to pool positions the
-        watermark already counts, the batch's slots unsampleable until complete;
-        see ``docs/design/pixel-replay.md``), so ``record``, not done, redoes the
-        batch from the committed bookkeeping.
-        """
-        bound = self._kernel
-        if bound is None:
-            bound = self._kernel = self._bind_kernel()
+        bound = self._bound
+        if bound is None or (bound is not False and bound.version != self.envs.version):
+            bound = self._bound = self._bind()
             if bound is None:
-                return None
+                return self.fallback(batch)
         if bound is False or type(batch) is not TransitionBatch:
-            return None
-        journal = self._journal
-        if not journal.done and journal is not record:  # an add of the storage's own was cut short: redo it first
-            return None
-        seq = self._stream_seq(batch) if self._numbered or self._upstream is not None else None
-        seen = self._seen_seq
+            return self.fallback(batch)
+        stream = self.stream
+        seq = stream.seq_of(batch) if stream.noted or stream.upstream is not None else None
+        seen = stream.seen
         if seq is not None and (seen is None or seq != seen + 1):  # a cut: the Python path resolves what waits
-            return None
-        trusted = (seq is not None) if self.check is None else not self.check
+            return self.fallback(batch)
+        check = self.check
+        trusted = (seq is not None) if check is None else not check
         data = batch._fields
-        f = self._fields
-        cursor, total, state, spare = f.cursor, f.total_added, self._state, self._spare
+        fields, envs = self.fields, self.envs
+        cursor, total, state, spare = fields.cursor, fields.total_added, envs.state, envs.spare
         # the kernel takes the dict itself: a key missing or one more than the bind's, and it returns -1
         count = bound.insert(data, state.array, spare.array, trusted, cursor, total)
         if count < 0:
-            return None
-        capacity = self.capacity
-        # the newest n batches (their own dicts: env_id and next_obs, which a later cut resolves waiting
-        # transitions from; references, no copy)
-        retained = self._retained[bound.keep_from :] + ((total, data),)
-        size = f.size + count  # (a conditional, not min(): a builtin call with keyword parsing costs ~0.2 us)
-        new = (
-            True, spare, state, retained, seen if seq is None else seq,
-            (cursor + count) % capacity, size if size < capacity else capacity, total + count,
-        )  # fmt: skip
-        r, s = record, self
-        # the commit: one statement (no Python code runs in it), its targets on one line so that a line tracer
-        # cannot stop it between two stores either: the record done, the new state swapped in, the counters
-        r.done, s._state, s._spare, s._retained, s._seen_seq, f.cursor, f.size, f.total_added = new
+            return self.fallback(batch)
+        # the bookkeeping of the add: the new state (written into the spare) swapped in, the newest n batches
+        # retained (their own dicts: env_id and next_obs, which a later cut resolves waiting transitions from),
+        # the stream number, the counters
+        envs.state, envs.spare = spare, state
+        links = self.links
+        links.retained = links.retained[bound.keep_from :] + ((total, data),)
+        if seq is not None:
+            stream.seen = seq
+        capacity = fields.capacity
+        size = fields.size + count  # (a conditional, not min(): a builtin call with keyword parsing costs ~0.2 us)
+        fields.cursor = (cursor + count) % capacity
+        fields.size = size if size < capacity else capacity
+        fields.total_added = total + count
         slots: np.ndarray = bound.windows[count][cursor]
         return slots
 
-    def _bind_kernel(self) -> _Bound | bool | None:
-        """The kernel holding this storage's arrays; ``None`` before they exist, ``False`` if not covered."""
-        if not self._compiled or _frame_insert is None:
+    def _bind(self) -> _Bound | Literal[False] | None:
+        """The kernel holding the storage's arrays; ``None`` before they exist, ``False`` if not covered."""
+        if _frame_insert is None:
             return False
-        if self.pool is None or self._fields.fields is None:
+        pool, fields_storage, envs = self.pool, self.fields, self.envs
+        fields = fields_storage.fields
+        if pool.frames is None or fields is None:
             return None
-        fields = self._fields.fields
         covered = (
-            self._obs_keys is None
-            and self.stack > 1
-            and self._axis == 0
-            and self._fields._flat
+            self.layout.keys is None
+            and pool.stack > 1
+            and pool.axis == 0
+            and fields_storage._flat
             and len(fields) <= 64
             and all(type(a) in (np.ndarray, np.memmap) and a.flags.c_contiguous for a in fields.values())
             and all(k in fields for k in ("env_id", "terminated", "truncated"))
-            and self._state.array.flags.c_contiguous
+            and envs.state.array.flags.c_contiguous
         )
         if not covered:
             return False
-        names = tuple(fields)
+        names, links, n = tuple(fields), self.links, envs.n  # (n: the n-step the per-env table is laid out for)
         try:
             kernel = _frame_insert.Kernel(
-                self.pool, self._obs_refs, self._next_refs, self._pending, self._written,
-                tuple(fields[k] for k in names), ("obs", "next_obs", *names), self._state.array, self._spare.array,
-                *(names.index(k) for k in ("env_id", "terminated", "truncated")), self.n_step or 1,
+                pool.frames, links.obs_refs, links.next_refs, envs.pending, pool.watermark,
+                tuple(fields[k] for k in names), ("obs", "next_obs", *names), envs.state.array, envs.spare.array,
+                *(names.index(k) for k in ("env_id", "terminated", "truncated")), n,
             )  # fmt: skip
         except (ValueError, TypeError, BufferError):  # an array the kernel cannot hold: the Python path
             return False
-        return _Bound(kernel, self.n_step or 1, self.capacity)
+        return _Bound(kernel, n, fields_storage.capacity, envs.version)

@@ -1,8 +1,9 @@
 """The frame pool of a FrameStorage: one ring of frames, stacks stored as rows of absolute frame positions.
 
-Frame ``p`` (an absolute position) lives at ``p % pool_size`` and is still pooled iff
-``p >= frames_written - pool_size``. This module writes frames (deduplicating a stack against the env's
-previous one and against itself), says which references survive, and rebuilds stacks from references.
+Frame ``p`` (an absolute position) lives at ``p % size`` and is still pooled iff ``p >= written - size``.
+This module writes frames (deduplicating a stack against the env's previous one and against itself), says
+which references survive, and rebuilds stacks from references. It knows frames only: which env a stack
+belongs to, and which transition refers to it, is the links' business (``links.py``).
 """
 
 from __future__ import annotations
@@ -40,74 +41,118 @@ def rows_bitwise_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return equal
 
 
-class FramePool:
-    """The frame ring of a :class:`~ptl_rl.replay.FrameStorage` (the first layer of its class).
+def frame_layout(
+    stack_axis: int | None, obs_shape: tuple[int, ...], pool_size: int
+) -> tuple[int | None, int, tuple[int, ...]]:
+    """(stack axis within an observation or ``None``, stack depth S, frame shape) of observations ``obs_shape``.
 
-    ``frames_written`` (the watermark: the absolute position of the next frame) is kept in a one-element
-    int64 array, ``_written``, so that the compiled insert advances it in the same call that writes the
-    frames, as :meth:`_write_frames` advances it before writing them.
+    Raises for a ``stack_axis`` the observations do not have, and for a pool that cannot hold one stack.
+    """
+    if stack_axis is None:
+        return None, 1, tuple(obs_shape)
+    ndim = len(obs_shape)
+    if not -ndim <= stack_axis < ndim:
+        raise ValueError(
+            f"stack_axis={stack_axis} is not an axis of observations of shape {obs_shape}; pass "
+            "the axis along which frames are stacked (0 for gymnasium's FrameStackObservation), or None"
+        )
+    axis = stack_axis % ndim
+    stack = obs_shape[axis]
+    if stack > pool_size:
+        raise ValueError(f"a stack of {stack} frames does not fit the pool of {pool_size} frames; raise extra_frames")
+    return axis, stack, tuple(obs_shape[:axis] + obs_shape[axis + 1 :])
+
+
+def open_array(memmap_dir: str | None, name: str, shape: tuple[int, ...], dtype: Any, fill: int) -> np.ndarray:
+    """A zero/``fill`` array, in RAM (``memmap_dir=None``) or as a memory-mapped file ``memmap_dir/name.npy``."""
+    if memmap_dir is None:
+        return np.full(shape, fill, dtype=dtype) if fill else np.zeros(shape, dtype=dtype)
+    return open_fresh_memmap(memmap_dir, name, shape, dtype, fill)
+
+
+class FramePool:
+    """The frame ring of a :class:`~ptl_rl.replay.FrameStorage`.
+
+    Args:
+        size: frames the ring holds (the storage's ``capacity + extra_frames``).
+        memmap_dir: keep the ring in ``memmap_dir/pool.npy`` (``None``: in RAM).
+
+    Attributes:
+        frames: the ring ``[size, *frame_shape]`` in the observations' dtype; ``None`` until :meth:`allocate`.
+        watermark: int64 [1], the absolute position of the next frame (:attr:`written`); an array, so that
+            the compiled insert advances it in the call that writes the frames.
+        axis: the stack axis within an observation (``None``: an observation is one frame).
+        stack: frames per observation (S).
+        frame_shape: the shape of one frame.
     """
 
-    capacity: int
-    stack_axis: int | None
-    pool_size: int
-    memmap_dir: str | None
-    pool: np.ndarray | None  # [pool_size, *frame]
-    _written: np.ndarray  # int64 [1]: frames_written
-    obs_dtype: np.dtype | None
-    obs_shape: tuple[int, ...]
-    stack: int
-    frame_shape: tuple[int, ...]
-    _axis: int | None
-    _env_range: np.ndarray  # 0 .. max(num_envs, 64) - 1, cached
-    _env_range_bytes: bytes
+    def __init__(self, size: int, memmap_dir: str | None) -> None:
+        self.size = size
+        self.memmap_dir = memmap_dir
+        self.frames: np.ndarray | None = None
+        self.watermark = np.zeros(1, dtype=np.int64)
+        self.axis: int | None = None
+        self.stack = 1
+        self.frame_shape: tuple[int, ...] = ()
 
     @property
-    def frames_written(self) -> int:
-        """Frames written to the pool since it was allocated: frame ``p`` is pooled iff ``p >= this - pool_size``."""
-        return int(self._written[0])
+    def written(self) -> int:
+        """Frames written since the pool was allocated: frame ``p`` is pooled iff ``p >= written - size``."""
+        return int(self.watermark[0])
 
-    @frames_written.setter
-    def frames_written(self, value: int) -> None:
-        self._written[0] = value
+    @written.setter
+    def written(self, value: int) -> None:
+        self.watermark[0] = value
 
-    def _layout(self, obs_shape: tuple[int, ...]) -> tuple[int | None, int, tuple[int, ...]]:
-        """(stack axis within an observation or ``None``, stack depth S, frame shape) for observations ``obs_shape``.
+    def allocate(self, axis: int | None, stack: int, frame_shape: tuple[int, ...], dtype: np.dtype) -> None:
+        """Allocate the ring for frames of ``frame_shape`` and ``dtype``, ``stack`` to an observation."""
+        frames = open_array(self.memmap_dir, "pool", (self.size, *frame_shape), dtype, 0)
+        self.axis, self.stack, self.frame_shape = axis, stack, tuple(frame_shape)
+        self.frames = frames
 
-        Raises for a ``stack_axis`` the observations do not have, and for a pool that cannot hold one stack.
-        """
-        if self.stack_axis is None:
-            return None, 1, tuple(obs_shape)
-        ndim = len(obs_shape)
-        if not -ndim <= self.stack_axis < ndim:
-            raise ValueError(
-                f"stack_axis={self.stack_axis} is not an axis of observations of shape {obs_shape}; pass "
-                "the axis along which frames are stacked (0 for gymnasium's FrameStackObservation), or None"
-            )
-        axis = self.stack_axis % ndim
-        stack = obs_shape[axis]
-        if stack > self.pool_size:
-            raise ValueError(
-                f"a stack of {stack} frames does not fit the pool of {self.pool_size} frames; raise extra_frames"
-            )
-        return axis, stack, tuple(obs_shape[:axis] + obs_shape[axis + 1 :])
+    def ring(self) -> np.ndarray:
+        """The ring, allocated (every caller runs after the first batch allocated it)."""
+        assert self.frames is not None
+        return self.frames
 
-    def _array(self, name: str, shape: tuple[int, ...], dtype: Any, fill: int) -> np.ndarray:
-        """A zero/``fill`` array, in RAM or as a memory-mapped file ``memmap_dir/name.npy``."""
-        if self.memmap_dir is None:
-            return np.full(shape, fill, dtype=dtype) if fill else np.zeros(shape, dtype=dtype)
-        return open_fresh_memmap(self.memmap_dir, name, shape, dtype, fill)
-
-    def _as_frames(self, obs: np.ndarray) -> np.ndarray:
+    def as_frames(self, obs: np.ndarray) -> np.ndarray:
         """``obs`` [B, *obs_shape] as ``[B, S, *frame]`` (a view)."""
-        return frames_of(obs, self._axis)
+        return frames_of(obs, self.axis)
 
-    def _pool(self) -> np.ndarray:
-        """The pool, allocated (every caller runs after the first batch allocated it)."""
-        assert self.pool is not None
-        return self.pool
+    def floor(self, writes_ahead: int = 0) -> int:
+        """The oldest position still pooled after ``writes_ahead`` more frame writes."""
+        return max(int(self.watermark[0]) + writes_ahead - self.size, 0)
 
-    def _insert_stacks(
+    def alive(self, refs: np.ndarray, writes_ahead: int) -> np.ndarray:
+        """Rows of ``refs`` (int64 [R, S]) whose frames survive ``writes_ahead`` more frame writes (bool [R])."""
+        alive: np.ndarray = refs.min(axis=1) >= self.floor(writes_ahead)
+        return alive
+
+    def write(self, frames: np.ndarray, arange: np.ndarray | None = None) -> np.ndarray:
+        """Append ``frames`` [m, *frame] to the ring; returns their absolute positions (int64 [m]).
+
+        The watermark is advanced *before* the ring changes and never goes back: a frame about to be
+        overwritten no longer counts as pooled, so no reader rebuilds a stack from a frame half rewritten,
+        and a write done again takes new positions. ``arange``: a cached ``0 .. k-1`` (k >= m) to add the
+        first position to instead of a new ``arange``.
+        """
+        count, pool = len(frames), self.ring()
+        if count > self.size:
+            raise ValueError(
+                f"a batch needs {count} new frames but the pool holds {self.size}; raise capacity or extra_frames"
+            )
+        first_position = int(self.watermark[0])
+        self.watermark[0] = first_position + count
+        start = first_position % self.size
+        first = min(count, self.size - start)
+        pool[start : start + first] = frames[:first]
+        if first < count:
+            pool[: count - first] = frames[first:]
+        if arange is not None and count <= len(arange):
+            return arange[:count] + first_position
+        return np.arange(first_position, first_position + count)
+
+    def insert_stacks(
         self, prev: np.ndarray, frames: np.ndarray, trust: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Write the frames of stacks ``frames`` [R, S, *frame] not already pooled; their references int64 [R, S].
@@ -119,10 +164,10 @@ class FramePool:
         taken to continue without comparing. Also returns which rows
         continued their ``prev`` (bool [R]).
         """
-        count, stack, pool = frames.shape[0], self.stack, self._pool()
+        count, stack, pool = frames.shape[0], self.stack, self.ring()
         if stack == 1:  # nothing to share between consecutive observations
-            return self._write_frames(frames[:, 0])[:, None], np.zeros(count, dtype=bool)
-        floor = max(self.frames_written + count * stack - self.pool_size, 0)  # frames from here survive this insert
+            return self.write(frames[:, 0])[:, None], np.zeros(count, dtype=bool)
+        floor = self.floor(count * stack)  # frames from here survive this insert
         if trust is not None and prev.min() >= floor and trust.all():  # the trusted step: no comparison
             cont = np.ones(count, dtype=bool)
         else:
@@ -131,14 +176,14 @@ class FramePool:
             check = alive & ~known
             cont = known
             if check.all():  # the common checked step: no row selection (each would copy the stacks)
-                cont = rows_bitwise_equal(pool.take(prev[:, 1:] % self.pool_size, axis=0), frames[:, :-1])
+                cont = rows_bitwise_equal(pool.take(prev[:, 1:] % self.size, axis=0), frames[:, :-1])
             elif check.any():
                 a = np.flatnonzero(check)
-                old = pool.take(prev[a, 1:] % self.pool_size, axis=0)
+                old = pool.take(prev[a, 1:] % self.size, axis=0)
                 cont = known.copy()
                 cont[a] = rows_bitwise_equal(old, frames[a, :-1])
         if cont.all():  # the common step: one new frame per stack
-            newest = self._write_frames(frames[:, -1])
+            newest = self.write(frames[:, -1])
             return np.concatenate([prev[:, 1:], newest[:, None]], axis=1), cont
         written = np.ones((count, stack), dtype=bool)
         frame = self.frame_shape
@@ -146,45 +191,24 @@ class FramePool:
         written[:, :-1] = ~repeats.reshape(count, stack - 1)
         written[cont, :-1] = False
         positions = np.full((count, stack), np.iinfo(np.int64).max, dtype=np.int64)
-        positions[written] = self._write_frames(frames[written])
+        positions[written] = self.write(frames[written])
         # each frame refers to the nearest written frame at or after it in its stack (an equal one)
         refs = np.minimum.accumulate(positions[:, ::-1], axis=1)[:, ::-1].copy()
         refs[cont, :-1] = prev[cont, 1:]
         return refs, cont
 
-    def _alive(self, refs: np.ndarray, writes_ahead: int) -> np.ndarray:
-        """Rows of ``refs`` [R, S] whose frames survive ``writes_ahead`` more frame writes (bool [R])."""
-        floor = max(self.frames_written + writes_ahead - self.pool_size, 0)
-        alive: np.ndarray = refs.min(axis=1) >= floor
-        return alive
+    def equal_to(self, refs: np.ndarray, stacks: np.ndarray) -> np.ndarray:
+        """Whether the pooled stacks ``refs`` (int64 [R, S]) are, bit for bit, ``stacks`` [R, S, *frame] (bool [R])."""
+        return rows_bitwise_equal(self.ring().take(refs % self.size, axis=0), stacks)
 
-    def _write_frames(self, frames: np.ndarray, as_range: bool = False) -> np.ndarray:
-        """Append ``frames`` [m, *frame] to the pool ring; returns their absolute positions (int64 [m]).
-
-        ``frames_written`` is advanced *before* the pool changes: a frame about
-        to be overwritten no longer counts as pooled, so however an interrupt
-        cuts the copy short, no stack can be rebuilt from a changed frame.
-        """
-        count, pool = len(frames), self._pool()
-        if count > self.pool_size:
-            raise ValueError(
-                f"a batch needs {count} new frames but the pool holds {self.pool_size}; raise capacity or extra_frames"
-            )
-        first_position = self.frames_written
-        self.frames_written = first_position + count
-        start = first_position % self.pool_size
-        first = min(count, self.pool_size - start)
-        pool[start : start + first] = frames[:first]
-        if first < count:
-            pool[: count - first] = frames[first:]
-        if as_range and count <= len(self._env_range):  # (a cached arange: one numpy call fewer)
-            return self._env_range[:count] + first_position
-        return np.arange(first_position, first_position + count)
-
-    def _stacks(self, refs: np.ndarray) -> np.ndarray:
+    def stacks(self, refs: np.ndarray) -> np.ndarray:
         """Observations ``[*I, *obs_shape]`` from frame references ``[*I, S]``."""
-        frames = self._pool().take(refs % self.pool_size, axis=0)  # [*I, S, *frame]
+        frames = self.ring().take(refs % self.size, axis=0)  # [*I, S, *frame]
         lead = refs.ndim - 1
-        if self._axis is None:
+        if self.axis is None:
             return frames.reshape(*refs.shape[:-1], *self.frame_shape)
-        return np.moveaxis(frames, lead, lead + self._axis) if self._axis else frames
+        return np.moveaxis(frames, lead, lead + self.axis) if self.axis else frames
+
+    def nbytes(self) -> int:
+        """Bytes of the ring (0 before allocation)."""
+        return 0 if self.frames is None else int(self.frames.nbytes)

@@ -1,58 +1,38 @@
-"""FrameStorage: replay storage for pixel observations, with every frame stored once.
+"""FrameStorage, the facade: it owns its parts (frame pool, links, per-env table, stream numbers, the inserts)
+and its journal, and is the storage API (``add``, ``gather``, counters, state).
 
-A drop-in for :class:`~ptl_rl.replay.ArrayStorage` (same ``add`` / ``gather`` /
-state API) that keeps ``obs`` and ``next_obs`` out of the per-transition ring:
-
-* **Frame pool.** Observations are split into frames along the stack axis
-  (``stack_axis``; ``None``: the whole observation is one frame) and frames go
-  into one ring, the *pool*, of ``capacity + extra_frames`` frames. Every
-  stored observation is a row of ``S`` absolute frame positions (int64), so a
-  stack is rebuilt at sample time with one ``take``.
-* **Stacks stored as single frames.** A new observation of an env whose
-  ``S - 1`` oldest frames are bit-identical to the ``S - 1`` newest frames of
-  the env's previous observation (what ``FrameStackObservation`` does inside an
-  episode) writes only its newest frame. Any other observation (an episode
-  start, any data that does not shift) writes its frames, except that a frame
-  equal to the next one in the stack is stored once (``"reset"`` padding
-  repeats the first frame: one frame written). Because reuse is decided by
-  comparing bytes, a rebuilt stack is bit-identical to what was added, for any
-  padding and any data.
-* **next_obs never stored twice.** A transition without an episode end has as
-  ``next_obs`` the ``obs`` of the same env ``n_step`` transitions later (the
-  data contract of :class:`~ptl_rl.stages.nstep.NStepTransform` and of 1-step
-  sources); it points to that observation's frames once it arrives and is
-  *not sampleable* until then. A transition with ``terminated | truncated``
-  has a final observation; it is stored on the side in the same pool (its
-  stack shares frames with the episode's last observation; the tails of one
-  episode share it).
-* **Validity.** A transition is sampleable when its ``next_obs`` has arrived
-  and every frame it refers to is still in the pool (a pool that overflows,
-  with many short episodes and small ``extra_frames``, evicts frames of the
-  oldest transitions). Buffers draw only sampleable transitions (see
-  :meth:`sampleable`).
-
-Memory per transition: one frame, ``2 * S`` int64 frame references, and the
-other fields; with 84x84x4 uint8 Atari stacks about 0.13x of storing ``obs``
-and ``next_obs`` in full.
+How the frames are stored is the package's docstring (:mod:`ptl_rl.replay.frames`).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from ptl_rl.core._trees import tree_leaves
 from ptl_rl.core.batch import TransitionBatch
-from ptl_rl.replay.frames.checkpoint import FrameCheckpoint
-from ptl_rl.replay.frames.compiled import COMPILED_INSERT
+from ptl_rl.core.guard import WriteJournal
+from ptl_rl.core.versions import check_version, versioned
+from ptl_rl.replay.frames.checkpoint import load_parts, saved_arrays, saved_meta, tensor_state
+from ptl_rl.replay.frames.checks import ObsLayout
+from ptl_rl.replay.frames.compiled import COMPILED_INSERT, CompiledInsert, _frame_insert
+from ptl_rl.replay.frames.env_state import EnvState, EnvTable
+from ptl_rl.replay.frames.insert import PythonInsert
+from ptl_rl.replay.frames.links import FrameLinks
+from ptl_rl.replay.frames.pool import FramePool
+from ptl_rl.replay.frames.stream import StreamNumbers
 from ptl_rl.replay.memmap import MemmapStorage
 from ptl_rl.replay.storage import ArrayStorage
-from ptl_rl.replay.unfinished import UnfinishedAdd
+
+#: what :meth:`FrameStorage.snapshot` returns: cursor, size, total_added, the per-env state (held by
+#: reference: an add never changes it in place), the last stream number seen, the retained batches
+Bookkeeping = tuple[int, int, int, EnvState, int | None, tuple[Any, ...]]
 
 
-class FrameStorage(FrameCheckpoint):
+class FrameStorage:
     """A ring of ``capacity`` transitions whose observations live in a shared frame pool.
 
     Args:
@@ -112,12 +92,12 @@ class FrameStorage(FrameCheckpoint):
         frame_key: str | None = None,
     ) -> None:
         # every field but obs / next_obs (and the non-frame keys of Dict ones), on disk too with memmap_dir
-        self._fields = (
+        fields = (
             ArrayStorage(capacity)
             if memmap_dir is None
             else MemmapStorage(capacity, memmap_dir=os.path.join(os.fspath(memmap_dir), "fields"))
         )
-        self.capacity = self._fields.capacity
+        self.capacity = fields.capacity
         if n_step is not None and (not isinstance(n_step, (int, np.integer)) or n_step < 1):
             raise ValueError(f"n_step must be an integer >= 1 (the upstream NStepTransform's n), got {n_step!r}")
         if extra_frames is None:
@@ -129,46 +109,200 @@ class FrameStorage(FrameCheckpoint):
         self.pool_size = self.capacity + int(extra_frames)
         self.memmap_dir = None if memmap_dir is None else os.fspath(memmap_dir)
         self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
-        self.pool = None  # [pool_size, *frame], allocated by the first batch
-        self._written = np.zeros(1, dtype=np.int64)  # frames_written: frame p lives at p % pool_size
-        self.obs_dtype = None
-        self.obs_shape = ()
-        self.stack = 1
         self.check = check
-        self.frame_key = frame_key
-        self._obs_keys = None
-        self._upstream = None
-        self._seen_seq = None
-        self._journal = UnfinishedAdd()  # the storage's own record of an add under way (see add): none yet
-        self._numbered = ()
-        self._retained = ()
-        self._kernel = None
-        self._compiled = COMPILED_INSERT
-        self._allocate_env_state(0)
+        # the parts, each with its own arrays; the inserts are handed the parts they write
+        self._fields = fields
+        self._layout = layout = ObsLayout(stack_axis, frame_key)
+        self._pool = pool = FramePool(self.pool_size, self.memmap_dir)
+        self._links = links = FrameLinks(self.capacity)
+        self._envs = envs = EnvTable()
+        self._stream = stream = StreamNumbers()
+        self._python = PythonInsert(layout, fields, pool, links, envs, stream, self.memmap_dir)
+        self._kernel: CompiledInsert | None = None
+        self.compiled = COMPILED_INSERT  # (sets the kernel and the writer an add calls: the kernel's, or Python's)
+        # every add is a write of the guard: one cut short is done again, in full, before the storage is used
+        self._journal = WriteJournal(self._bookkeeping, self._put_back)
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickle / deepcopy without the compiled insert's hold on the arrays (rebound by the next add)."""
-        state = self.__dict__.copy()
-        state["_kernel"] = None
-        return state
+    # ------------------------------------------------------------------ counters and layout
+    def __len__(self) -> int:
+        return self._fields.size
+
+    @property
+    def size(self) -> int:
+        return self._fields.size
+
+    @property
+    def cursor(self) -> int:
+        return self._fields.cursor
+
+    @property
+    def total_added(self) -> int:
+        return self._fields.total_added
+
+    @property
+    def pool(self) -> np.ndarray | None:
+        """The frame pool ``[pool_size, *frame_shape]`` (``None`` until the first batch allocates it)."""
+        return self._pool.frames
+
+    @property
+    def frames_written(self) -> int:
+        """Frames written to the pool since it was allocated: frame ``p`` is pooled iff ``p >= this - pool_size``."""
+        return self._pool.written
+
+    @property
+    def stack(self) -> int:
+        """Frames per observation (S; 1 before the first batch and for ``stack_axis=None``)."""
+        return self._pool.stack
+
+    @property
+    def frame_shape(self) -> tuple[int, ...]:
+        return self._pool.frame_shape
+
+    @property
+    def obs_shape(self) -> tuple[int, ...]:  # (of the frame key's for Dict observations; () before the first batch)
+        return self._layout.shape
+
+    @property
+    def obs_dtype(self) -> np.dtype | None:
+        return self._layout.dtype
+
+    @property
+    def frame_key(self) -> str | None:
+        """For Dict observations, the key stored as frames (given, or chosen by the first batch)."""
+        return self._layout.frame_key
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the storage's arrays (pool, references, other fields; memory-mapped ones included)."""
-        total = sum(a.nbytes for a in (self.pool, self._obs_refs, self._next_refs) if a is not None)
+        links = self._links
+        total = self._pool.nbytes() + links.obs_refs.nbytes + links.next_refs.nbytes
         if self._fields.fields is not None:
             total += sum(leaf.nbytes for _, leaf in tree_leaves(self._fields.fields))
         return int(total)
 
+    # ------------------------------------------------------------------ the stream
+    def bind_upstream(self, upstream: Iterator[TransitionBatch] | None) -> None:
+        """Take ``n_step`` from the upstream stage when it was not given (an ``NStepTransform``'s ``n``, else 1).
+
+        A numbered upstream (:class:`~ptl_rl.core.protocols.NumberedStream`) also lets ``check=None`` trust
+        the stacks' structure. Raises ``ValueError`` for an ``n_step`` the numbered upstream contradicts.
+        """
+        self.n_step = self._stream.bind(upstream, self.n_step)
+
+    def note_stream_seq(self, batch: TransitionBatch, seq: int | None) -> None:
+        """Record the upstream's number of ``batch``, read when it was pulled (a buffer calls it from its pull).
+
+        An add cut short is done again when the *next* batch is added, after the
+        upstream numbered that one: the number must come from the pull, or a
+        batch lost to a second cut during the redo would leave no gap.
+        """
+        self._stream.note(batch, seq)
+
+    @property
+    def trusted(self) -> bool:
+        """Whether stacks of an env inside an episode are taken to shift by one frame without comparing them.
+
+        ``check=None`` trusts the structure when the storage is fed by an
+        upstream that numbers its batches (an ``ExperienceSource`` or
+        ``NStepTransform``, through a buffer's ``upstream``); ``check=True``
+        always compares, ``check=False`` always trusts.
+        """
+        if self.check is None:
+            return self._stream.numbered
+        return not self.check
+
+    @property
+    def compiled(self) -> bool:
+        """Whether adds may take the compiled insert; ``False`` forces the Python path.
+
+        ``True`` by default when the extension ``ptl_rl.replay._frame_insert`` is built and
+        ``PTL_RL_PURE_PYTHON`` is not set. Both paths leave the storage bit-identical.
+        """
+        return self._kernel is not None
+
+    @compiled.setter
+    def compiled(self, value: bool) -> None:
+        if value and _frame_insert is None:
+            raise ValueError("the compiled insert ptl_rl.replay._frame_insert is not built (see docs/pixels.rst)")
+        if not value:
+            self._kernel, self._writer = None, self._python_write
+        elif self._kernel is None:
+            parts = self._layout, self._fields, self._pool, self._links, self._envs, self._stream
+            self._kernel = CompiledInsert(*parts, self.check, self._python_write)
+            self._writer = self._kernel.add
+
+    # ------------------------------------------------------------------ writing
+    def add(self, batch: TransitionBatch) -> np.ndarray:
+        """Store the ``B`` rows of ``batch``; returns the slots written (int64 [B]).
+
+        A write of the guard (:class:`~ptl_rl.core.guard.WriteJournal`): an add
+        cut short anywhere is restored to :meth:`snapshot` and done again, in
+        full, by the next :meth:`add` or :meth:`settle` (a buffer settles before
+        every read). Frames go only to pool positions already counted as
+        written and a slot is unsampleable until complete, so nothing half
+        written is ever sampled, and the add done again equals one that was not
+        cut.
+
+        A refused batch (``ValueError``/``TypeError``: a wrong shape, dtype or
+        field, a stack that does not match what the storage holds, see
+        :mod:`~ptl_rl.replay.frames.checks`) leaves the storage as it was: every
+        check runs before the first write, and the batch is not done again.
+        """
+        return self._journal.write(self._writer, batch)  # (the compiled insert, or the Python path)
+
+    def _python_write(self, batch: TransitionBatch) -> np.ndarray:
+        slots = self._python.add(batch, self.n_step or 1, self.trusted)
+        if self.n_step is None and len(batch):
+            self.n_step = 1
+        return slots
+
+    def settle(self) -> None:
+        """Finish an add a cut left (done again from the snapshot before it; a no-op when none is): a buffer
+        calls it before every read (:class:`~ptl_rl.core.protocols.JournaledStorage`), the next add does too."""
+        self._journal.settle()
+
+    def snapshot(self) -> Bookkeeping:
+        """What an add changes besides whole rows, for :meth:`restore` to roll it back (an add a cut left is
+        finished first).
+
+        The counters, the stream number seen last, the retained batches and the
+        per-env state, by reference: an add writes the next state into a spare
+        array and swaps it in, so the state held stays as it was through the add
+        that follows (the one a journal's write rolls back), and :meth:`restore`
+        installs a copy of it (a snapshot may be restored twice). No frame array
+        is copied: the slots and pool frames a cut add wrote were unsampleable
+        while written, and the add done again rewrites them.
+        """
+        self._journal.settle()
+        return self._bookkeeping()
+
+    def restore(self, snapshot: Bookkeeping) -> None:
+        """Roll the bookkeeping back to ``snapshot`` (taken before an add that was cut short); drops the add.
+
+        ``frames_written`` is not rolled back: pool positions a cut add may have
+        overwritten stay counted as written, so no stored stack can refer to a
+        frame that changed.
+        """
+        self._put_back(snapshot)
+        self._journal.forget()
+
+    def _bookkeeping(self) -> Bookkeeping:
+        f = self._fields
+        return f.cursor, f.size, f.total_added, self._envs.state, self._stream.seen, self._links.retained
+
+    def _put_back(self, snapshot: Bookkeeping) -> None:
+        cursor, size, total_added, state, seen, retained = snapshot
+        self._envs.restore(state, total_added)
+        self._stream.seen, self._links.retained = seen, retained
+        fields = self._fields
+        fields.cursor, fields.size, fields.total_added = cursor, size, total_added
+
     # ------------------------------------------------------------------ reading
     def sampleable(self, indices: np.ndarray) -> np.ndarray:
         """Whether each slot in ``indices`` (int, any shape) may be sampled: ``next_obs`` arrived, frames kept."""
-        if self.pool is None:
+        if self._pool.frames is None:
             return np.zeros(np.shape(indices), dtype=bool)
-        floor = max(self.frames_written - self.pool_size, 0)
-        obs_ok = self._obs_refs[indices].min(axis=-1) >= floor
-        sampleable: np.ndarray = obs_ok & (self._next_refs[indices].min(axis=-1) >= floor)
-        return sampleable
+        return self._links.sampleable(indices, self._pool.floor())
 
     @property
     def num_sampleable(self) -> int:
@@ -182,14 +316,79 @@ class FrameStorage(FrameCheckpoint):
         """
         indices = np.asarray(indices)
         batch = self._fields.gather(indices)
-        obs: Any = self._stacks(self._obs_refs.take(indices, axis=0))
-        next_obs: Any = self._stacks(self._next_refs.take(indices, axis=0))
-        if self._obs_keys is not None:  # Dict observations: the frames beside the per-transition keys
-            obs = {**batch["obs"], self.frame_key: obs}
-            next_obs = {**batch["next_obs"], self.frame_key: next_obs}
-            obs, next_obs = ({k: d[k] for k in self._obs_keys} for d in (obs, next_obs))
+        pool, links, layout = self._pool, self._links, self._layout
+        obs: Any = pool.stacks(links.obs_refs.take(indices, axis=0))
+        next_obs: Any = pool.stacks(links.next_refs.take(indices, axis=0))
+        if layout.keys is not None:  # Dict observations: the frames beside the per-transition keys
+            obs = {**batch["obs"], layout.frame_key: obs}
+            next_obs = {**batch["next_obs"], layout.frame_key: next_obs}
+            obs, next_obs = ({k: d[k] for k in layout.keys} for d in (obs, next_obs))
         batch["obs"], batch["next_obs"] = obs, next_obs
         return batch
+
+    # ------------------------------------------------------------------ state
+    STATE_VERSION = 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """The storage as tensors (views of its arrays, ``weights_only``-safe), or a reference to a saved directory.
+
+        With ``checkpoint_dir`` set the storage is saved there (see :meth:`save`)
+        and the state is ``{"directory": path, "save_id": ...}``.
+        """
+        self._journal.settle()
+        if self._pool.frames is None:
+            return versioned({"capacity": self.capacity, "fields": None}, self.STATE_VERSION)
+        if self.checkpoint_dir is not None:
+            from ptl_rl.replay.persist import save_to_checkpoint_dir
+
+            return versioned(save_to_checkpoint_dir(self, self.checkpoint_dir), self.STATE_VERSION)
+        return versioned(tensor_state(*self.saved_parts(), list(self._fields.fields or ())), self.STATE_VERSION)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a state (or the directory it refers to); transitions waiting for ``next_obs`` stay unsampleable."""
+        check_version(state, self.STATE_VERSION, type(self).__name__)
+        if "directory" in state:
+            from ptl_rl.replay.persist import load_directory
+
+            load_directory(self, state["directory"], expected_save_id=state.get("save_id"))
+            return
+        if state.get("fields") is None:
+            if self._pool.frames is not None:
+                raise ValueError("the state holds an empty storage; load it into a fresh FrameStorage")
+            return
+        self.load_parts(state, {k: v.numpy() for k, v in state["arrays"].items()})
+
+    def saved_parts(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The storage as metadata (counters, layout) and named arrays (views): what a save holds.
+
+        A :class:`~ptl_rl.core.protocols.PartsStorage`; only for an allocated storage.
+        """
+        self._journal.settle()
+        meta = saved_meta(self._fields, self._pool, self._layout, self.stack_axis, self.n_step)
+        return meta, saved_arrays(self._fields, self._pool, self._links, self._envs)
+
+    def load_parts(self, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+        """Fill this storage from ``meta`` and ``arrays`` (as :meth:`saved_parts` gives them)."""
+        self._journal.forget()  # (the loaded state replaces whatever an add cut short was writing)
+        self.n_step = load_parts(
+            meta, arrays, fields=self._fields, pool=self._pool, links=self._links, envs=self._envs,
+            layout=self._layout, stack_axis=self.stack_axis, memmap_dir=self.memmap_dir,
+        )  # fmt: skip
+        self._stream.seen = None
+        if self._kernel is not None:
+            self._kernel.drop()  # (it holds the arrays replaced here)
+
+    def save(self, directory: str | os.PathLike[str]) -> str:
+        """Write the storage to ``directory`` atomically (see :func:`ptl_rl.replay.persist.save_directory`)."""
+        from ptl_rl.replay.persist import save_directory
+
+        return save_directory(self, directory)
+
+    def load(self, directory: str | os.PathLike[str]) -> None:
+        """Fill this storage from a directory written by :meth:`save`; a half-written one is refused."""
+        from ptl_rl.replay.persist import load_directory
+
+        load_directory(self, directory)
 
     def __repr__(self) -> str:
         return (
