@@ -161,10 +161,8 @@ def load_directory(
 
 def save_buffer(buffer: ReplayBuffer, directory: str | os.PathLike[str]) -> str:
     """Save a replay buffer (its FrameStorage, RNG, priorities, counters) to ``directory`` atomically."""
-    state = buffer.state_dict_without_storage() if hasattr(buffer, "state_dict_without_storage") else None
-    if state is None:
-        state = dict(buffer.state_dict())
-        state.pop("storage")
+    state = dict(buffer.state_dict())
+    state.pop("storage")
     return save_directory(buffer.storage, directory, extra_state=state)
 
 
