@@ -154,8 +154,15 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
         self.draws: DrawStrategy = checked_draws(draws, replacement)
         # what the strategy can do beyond the DrawStrategy protocol, looked up once (ptl_rl.core.protocols.draws)
         self._episodic = isinstance(self.draws, EpisodeDrawStrategy)
-        self._prioritized = isinstance(self.draws, PriorityDrawStrategy)
+        self._takes_priorities = isinstance(self.draws, PriorityDrawStrategy)
         self.draws.bind(self.storage, upstream)
+        # the calls of every add, bound once (an add of 8 rows takes ~7 us; looking these up each time cost ~5 %)
+        self._draws_check, self._draws_added, self._draws_snapshot = (
+            self.draws.check,
+            self.draws.added,
+            self.draws.snapshot,
+        )
+        self._advance = self._journal.advance
         # time accounting (ptl_rl.profile): the stage's own time is the credit loop; add() is its part
         self._insert_clock = StageClock("insert", "transitions")
         self.clock = StageClock("replay", "transitions", (self._insert_clock,))
@@ -234,7 +241,7 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
         is refused before anything is written: the buffer stays as it was, and so
         is one the strategy refuses (a field it needs is missing).
         """
-        self.draws.check(batch)
+        self._draws_check(batch)
         if self._episodic and len(batch) > self.capacity:  # it sees every row: add the batch in ring-sized chunks
             chunks = [self.add(batch.rows(slice(lo, lo + self.capacity))) for lo in range(0, len(batch), self.capacity)]
             return chunks[-1]
@@ -254,7 +261,7 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
         old_size = self.storage.size
         slots = self.storage.add(batch)
         if len(slots):
-            self.draws.added(slots, old_size, batch, self._journal.advance)
+            self._draws_added(slots, old_size, batch, self._advance)
         return slots
 
     def settle(self) -> None:
@@ -271,8 +278,8 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
         """
         if self._self_journaled:  # its count as of now, once it finished an add a cut left inside it
             cast(JournaledStorage, self.storage).settle()
-            return self.storage.total_added, self.draws.snapshot()
-        return storage_snapshot(self.storage), self.draws.snapshot()
+            return self.storage.total_added, self._draws_snapshot()
+        return storage_snapshot(self.storage), self._draws_snapshot()
 
     def _restore_written(self, saved: tuple[object, object]) -> None:
         storage, draws = saved
@@ -318,7 +325,7 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
         see :meth:`ptl_rl.replay.PrioritizedDraws.update_priorities`); a sampled
         batch's ``update_priorities(td_errors)`` does the same with ``|td_errors|``.
         """
-        if not self._prioritized:
+        if not self._takes_priorities:
             raise TypeError(
                 f"this buffer draws with {type(self.draws).__name__}, which takes no priorities; create it with "
                 "draws=ptl_rl.PrioritizedDraws(...)"

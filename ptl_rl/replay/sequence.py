@@ -28,49 +28,23 @@ class SequenceReplayBuffer(ReplayBuffer):
     ``PrioritizedDraws(alpha, beta, beta_clock, eps, stratified)`` for
     ``prioritized=True`` and ``UniformDraws(stratified=stratified)`` else.
 
-    Batch layout (numpy from :meth:`sample`, torch after the sampler), with
-    ``T = burn_in + length``:
-
-    * every stored field as ``[B, T, ...]`` (time second): positions
-      ``0 .. burn_in-1`` are the burn-in prefix (the steps before the window
-      start, for warming up a recurrent state), positions ``burn_in .. T-1``
-      the training window, starting at the sampled start step;
-    * ``mask`` bool [B, T]: True where the position holds a real step. The
-      burn-in is padded at the front when the episode began less than
-      ``burn_in`` steps before the start; the window is padded at the end only
-      where its episode ends before it does (for episodes shorter than
-      ``length``, or with ``pad_end`` for every window that reaches past an
-      end). A padded position repeats the nearest real step (so
-      ``batch.hidden[:, 0]`` is the stored state of the first real step);
-      mask it out of losses and recurrent updates;
-    * ``indices`` int64 [B] (the start slot), ``generations`` int64 [B], and
-      with ``prioritized=True`` ``weights`` float32 [B] and the
-      ``batch.update_priorities(td_errors [B])`` link (reduce per-step errors
-      to one value per window first).
-
-    A recurrent agent's state is stored like any agent extra (any field name,
-    one row per step) and comes back per position.
+    A batch holds every stored field as ``[B, burn_in + length, ...]`` (time
+    second), ``mask`` (bool ``[B, burn_in + length]``), ``indices`` (the start
+    slots) and ``generations``, and with ``prioritized=True`` ``weights`` and
+    the ``batch.update_priorities(td_errors [B])`` link: the layout, the
+    padding and the window starts are described there. A recurrent agent's
+    state is stored like any agent extra (any field name, one row per step)
+    and comes back per position.
 
     Args:
-        length: steps in the training window, ``>= 1``.
-        burn_in: steps before the window, ``>= 0``.
-        pad_end: also start windows at the last ``length - 1`` steps of each
-            finished episode, padded at the end (R2D2's last sequence of an
-            episode). Without it (the default) only a step followed by
-            ``length - 1`` steps of its episode starts a window (or the first
-            step of a finished episode shorter than ``length``), so the steps
-            near an episode's end, its terminal step among them, fall in fewer
-            windows than the others: a step ``d < length`` steps from the end
-            in ``d + 1`` windows instead of ``length``. With it every stored
-            step of a finished episode is in ``length`` windows, like the
-            steps of the middle (an episode cut by a stream gap gets no tail
-            windows: it has no end step).
-        prioritized: sample windows proportionally to ``priority ** alpha`` of
+        length, burn_in, pad_end: the windows (see :class:`~ptl_rl.replay.SequenceWindows`).
+        prioritized: draw windows proportionally to ``priority ** alpha`` of
             their start (with importance weights), else uniformly over the
             window starts.
         upstream, capacity, alpha, beta, beta_clock, eps, stratified, warmup, transitions_per_yield, seed: as for
             :class:`~ptl_rl.replay.PrioritizedReplayBuffer` (``alpha``,
-            ``beta``, ``beta_clock`` only matter with ``prioritized``).
+            ``beta``, ``beta_clock``, ``eps`` only matter with ``prioritized``).
+        storage: as for :class:`~ptl_rl.replay.ReplayBuffer`.
 
     Feed it 1-step transitions (straight from an ``ExperienceSource``): an
     episode ends at the step with ``terminated | truncated``. Stored batches
