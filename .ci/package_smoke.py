@@ -87,19 +87,26 @@ def check_insert(expect: str) -> None:
     if expect == "fallback" and (frames._frame_insert is not None or frames.COMPILED_INSERT):
         fail(f"the fallback wheel has a compiled insert ({venv_module}): it was meant to be built without a compiler")
 
-    taken = 0
+    adds = fell_back = 0
 
     def counting(capacity: int) -> FrameStorage:
         storage = FrameStorage(capacity, stack_axis=0)
-        inner = storage.try_atomic_add
+        kernel = storage._kernel  # (None: no compiled insert; every add is the Python path's)
+        if kernel is None:
+            return storage
+        python_write, compiled_write = kernel.fallback, storage._writer
 
-        def counted(*args):
-            nonlocal taken
-            out = inner(*args)
-            taken += out is not None
-            return out
+        def fallback(batch):
+            nonlocal fell_back
+            fell_back += 1
+            return python_write(batch)
 
-        storage.try_atomic_add = counted
+        def counted(batch):
+            nonlocal adds
+            adds += 1
+            return compiled_write(batch)
+
+        kernel.fallback, storage._writer = fallback, counted
         return storage
 
     def python_path(capacity: int) -> FrameStorage:
@@ -108,6 +115,7 @@ def check_insert(expect: str) -> None:
         return storage
 
     default, reference = frame_stream(counting, 300), frame_stream(python_path, 300)
+    taken = adds - fell_back
     if expect == "compiled" and taken == 0:
         fail("the compiled insert is installed but no add took it")
     if expect == "fallback" and taken:

@@ -87,9 +87,9 @@ def cartpole_rows(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 def make_ptl_rl(size: int, batch: int, rng: np.random.Generator, compiled: bool = True) -> dict[str, Step] | None:
     buffer = PrioritizedReplayBuffer(capacity=size, alpha=ALPHA, beta=BETA, eps=EPS, warmup=0, seed=0)
-    if compiled and not buffer.tree.compiled:
+    if compiled and not buffer.draws.tree.compiled:
         return None
-    buffer.tree.compiled = compiled
+    buffer.draws.tree.compiled = compiled
     for _ in range(size // 1000):
         buffer.add(TransitionBatch(cartpole_rows(1000, rng)))
     buffer.update_priorities(np.arange(size), rng.exponential(size=size))

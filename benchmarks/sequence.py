@@ -57,7 +57,7 @@ def filled(size: int, length: int, burn_in: int, prioritized: bool) -> SequenceR
     while buffer.storage.total_added < int(size * 1.1):  # wrap around once
         buffer.add(vector_env_steps(1000, rng))
     if prioritized:
-        starts = np.flatnonzero(buffer.tree.leaves > 0)
+        starts = np.flatnonzero(buffer.draws.tree.leaves > 0)
         buffer.update_priorities(starts, rng.exponential(size=len(starts)))
     return buffer
 
@@ -106,10 +106,11 @@ def components(buffer: SequenceReplayBuffer, batch: int, calls: int, rounds: int
     """CPU seconds of the three parts of a sample: the tree draw (O(log N)), the link hops for fixed
     starts (O(B (burn_in + L))) and the gather of fixed windows (O(B (burn_in + L)) rows), the last two
     cache-warm, so that only the work the buffer does is measured, not the memory's latency."""
-    starts = buffer.draws.draw(buffer.rng, batch)[0]
-    slots, _ = buffer.window_slots(starts)
-    draw = per_call(lambda: buffer.draws.draw(buffer.rng, batch), calls, rounds)[1]
-    hops = per_call(lambda: buffer.window_slots(starts), calls, rounds)[1]
+    windows = buffer.draws  # the strategy: its weighted draws of window starts, and its links
+    starts = windows.draws.draw_slots(buffer.rng, batch)[0]
+    slots, _ = windows.window_slots(starts)
+    draw = per_call(lambda: windows.draws.draw_slots(buffer.rng, batch), calls, rounds)[1]
+    hops = per_call(lambda: windows.window_slots(starts), calls, rounds)[1]
     gather = per_call(lambda: buffer.storage.gather(slots), calls, rounds)[1]
     return draw, hops, gather
 

@@ -78,12 +78,16 @@ if TYPE_CHECKING:
         ArrayStorage,
         FrameStorage,
         HERReplayBuffer,
+        HindsightGoals,
         MemmapStorage,
+        PrioritizedDraws,
         PrioritizedReplayBuffer,
         ReplayBuffer,
         RolloutBuffer,
         SequenceReplayBuffer,
+        SequenceWindows,
         SumTree,
+        UniformDraws,
     )
     from ptl_rl.replay.gae import compute_gae
     from ptl_rl.replay.sampler import BatchSampler

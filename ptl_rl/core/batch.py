@@ -12,7 +12,7 @@ Core fields (the field contract, ``docs/contract.rst``): ``obs``, ``action``,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import Iterable, Iterator, KeysView, Mapping, Sequence, ValuesView
 from typing import Any, Protocol, TypeAlias, TypeVar
 
 import numpy as np
@@ -41,6 +41,10 @@ _FEEDBACK_ATTRIBUTE = "_ptl_rl_priority_feedback"
 #: A field of a batch: an array (numpy in a :class:`TransitionBatch`, torch in a :class:`TorchBatch`) or, for
 #: ``Dict`` observations, a (nested) dict of them. (A string: the alias refers to itself.)
 FieldTree: TypeAlias = "np.ndarray | torch.Tensor | Mapping[str, FieldTree]"
+
+#: A 1-D array of numbers as a caller holds it (TD errors, priorities, slots): numpy, a torch tensor on any
+#: device, or a list.
+Numbers: TypeAlias = np.ndarray | torch.Tensor | Sequence[float]
 
 
 class PriorityLink(Protocol):
@@ -188,7 +192,8 @@ class _FieldBatch:
         if feedback is None:
             raise TypeError(
                 "this batch was not sampled from a prioritized buffer, so it has no priorities to update; "
-                "sample it from a PrioritizedReplayBuffer (or SequenceReplayBuffer(prioritized=True))"
+                "sample it from a buffer that draws by priority: ReplayBuffer(..., draws=PrioritizedDraws(...)), "
+                "a PrioritizedReplayBuffer, or SequenceReplayBuffer(prioritized=True)"
             )
         return feedback(td_errors)
 

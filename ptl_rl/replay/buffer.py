@@ -1,4 +1,8 @@
-"""ReplayBuffer: uniform experience replay, usable as a pipeline stage or on its own."""
+"""ReplayBuffer: experience replay composed of a storage and a draw strategy, a pipeline stage or on its own.
+
+The buffer owns the stage schedule (warm-up, credit), the journal that makes every add a write of the guard, and
+the sampling RNG; where rows live is the storage's business, which rows a batch holds the draw strategy's.
+"""
 
 from __future__ import annotations
 
@@ -8,29 +12,32 @@ from typing import Any, cast
 import numpy as np
 
 from ptl_rl.core._reprs import stage_repr
-from ptl_rl.core.batch import TransitionBatch
+from ptl_rl.core.batch import Numbers, TransitionBatch
 from ptl_rl.core.clock import SETTINGS, StageClock, perf_counter_ns
 from ptl_rl.core.guard import WriteJournal
 from ptl_rl.core.protocols import (
     JournaledStorage,
     NumberedStream,
-    PartlySampleableStorage,
     RollbackStorage,
     Storage,
     StreamBoundStorage,
     implements,
-    missing_members,
+)
+from ptl_rl.core.protocols.draws import (
+    DrawStrategy,
+    EpisodeDrawStrategy,
+    EpochDrawStrategy,
+    PriorityDrawStrategy,
 )
 from ptl_rl.core.ranks import rank_seed
 from ptl_rl.core.stage import Stage
 from ptl_rl.core.versions import check_version, versioned
-from ptl_rl.replay.draws import redraw_unsampleable
-from ptl_rl.replay.shuffle import ShuffledPasses
+from ptl_rl.replay.parts import checked_draws, checked_storage
 from ptl_rl.replay.storage import ArrayStorage
 
 
 class ReplayBuffer(Stage["ReplayBuffer"]):
-    """Uniform replay over a preallocated ring of transitions.
+    """Replay over a preallocated ring of transitions: a storage, and a strategy that draws the batches.
 
     As a pipeline stage, each ``next()`` yields the buffer itself, for a
     :class:`~ptl_rl.replay.sampler.BatchSampler` to draw from, after collecting on
@@ -44,6 +51,9 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
     ``batch_size / transitions_per_yield`` sampled transitions per collected one.
 
     On its own it is a plain buffer: :meth:`add`, :meth:`sample`, ``len()``.
+    What a batch is comes from ``draws``; :class:`~ptl_rl.replay.PrioritizedReplayBuffer`,
+    :class:`~ptl_rl.replay.SequenceReplayBuffer` and :class:`~ptl_rl.replay.HERReplayBuffer`
+    are this class with their strategy built from their arguments.
 
     Args:
         upstream: iterator of :class:`TransitionBatch` (e.g. an
@@ -52,12 +62,10 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
         warmup: transitions stored before the first yield (``<= capacity``);
             default ``min(1000, capacity)``.
         transitions_per_yield: transitions collected from upstream per yield, on average (>= 1).
-        seed: seed of the sampling generator.
-        replacement: ``True`` (default) draws every batch uniformly with
-            replacement; ``False`` samples without replacement: shuffled passes
-            in which every stored transition comes exactly once (the last
-            batch of a pass holds the remainder and may be smaller), for
-            epoch-style training on a fixed buffer. See also :meth:`epoch`.
+        seed: seed of the sampling generator (the strategy draws with it).
+        replacement: ``False`` is short for ``draws=UniformDraws(replacement=False)``:
+            shuffled passes in which every stored transition comes exactly once,
+            for epoch-style training on a fixed buffer. See also :meth:`epoch`.
         storage: ``capacity -> storage`` to store transitions in something other
             than an :class:`~ptl_rl.replay.ArrayStorage`, e.g.
             ``functools.partial(FrameStorage, stack_axis=0)`` for pixel
@@ -65,6 +73,11 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
             members of :class:`~ptl_rl.core.protocols.Storage` works; one that
             is also a :class:`~ptl_rl.core.protocols.PartlySampleableStorage`
             is only sampled where it says so.
+        draws: the draw strategy (a :class:`~ptl_rl.core.protocols.DrawStrategy`): rows drawn
+            uniformly (``UniformDraws()``, the default), by priority (``PrioritizedDraws(alpha, beta)``),
+            windows of steps (``SequenceWindows(length, burn_in, draws=...)``), steps relabeled with
+            hindsight goals (``HindsightGoals(compute_reward, ...)``), or one of your own. It keeps the
+            per-slot state of this buffer (create one per buffer), reached as ``buffer.draws``.
 
     Interrupts: every add is a write of the guard (:class:`~ptl_rl.core.guard.WriteJournal`):
     an add cut short, between two fields of a row or anywhere else, is
@@ -72,7 +85,8 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
     batch the storage refuses (``ValueError``/``TypeError``: a wrong shape or
     dtype) leaves the buffer as it was. A storage that journals its own adds
     too (:class:`~ptl_rl.core.protocols.JournaledStorage`, e.g. a FrameStorage,
-    for adds called on it directly) is settled before every read as well.
+    for adds called on it directly) is settled before every read as well. What a strategy keeps per slot is
+    written in the same write (its ``snapshot`` is taken with the storage's).
 
     Examples:
         >>> import gymnasium as gym
@@ -107,12 +121,12 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
         seed: int | None = None,
         replacement: bool = True,
         storage: Callable[[int], Storage] | None = None,
+        draws: DrawStrategy | None = None,
     ) -> None:
         super().__init__(upstream)
-        self.storage: Storage = _checked_storage(ArrayStorage(capacity) if storage is None else storage(capacity))
+        self.storage: Storage = checked_storage(ArrayStorage(capacity) if storage is None else storage(capacity))
         # what the storage can do beyond the Storage protocol, looked up once (ptl_rl.core.protocols)
         self._stream_bound = isinstance(self.storage, StreamBoundStorage)
-        self._partly_sampleable = isinstance(self.storage, PartlySampleableStorage)
         self._upstream_numbered = isinstance(upstream, NumberedStream)  # its stream_seq is read at every pull
         if self._stream_bound:
             cast(StreamBoundStorage, self.storage).bind_upstream(upstream)
@@ -131,14 +145,24 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
         self.seed = seed
         self.rank = 0
         self.rng = np.random.default_rng(seed)
-        self.replacement = bool(replacement)
-        self.passes = ShuffledPasses()  # the order of sampling without replacement
         self._credit = 0  # transitions collected but not yet spent on a yield
         self._added = 0  # transitions added by this stage's pulls (its clock's items)
         self._counted = 0
         # adds are writes of the guard: one cut short is written again in full before the next read or write
         self._journal = WriteJournal(self._save_written, self._restore_written)
         self._self_journaled = isinstance(self.storage, JournaledStorage)
+        self.draws: DrawStrategy = checked_draws(draws, replacement)
+        # what the strategy can do beyond the DrawStrategy protocol, looked up once (ptl_rl.core.protocols.draws)
+        self._episodic = isinstance(self.draws, EpisodeDrawStrategy)
+        self._takes_priorities = isinstance(self.draws, PriorityDrawStrategy)
+        self.draws.bind(self.storage, upstream)
+        # the calls of every add, bound once (an add of 8 rows takes ~7 us; looking these up each time cost ~5 %)
+        self._draws_check, self._draws_added, self._draws_snapshot = (
+            self.draws.check,
+            self.draws.added,
+            self.draws.snapshot,
+        )
+        self._advance = self._journal.advance
         # time accounting (ptl_rl.profile): the stage's own time is the credit loop; add() is its part
         self._insert_clock = StageClock("insert", "transitions")
         self.clock = StageClock("replay", "transitions", (self._insert_clock,))
@@ -154,11 +178,16 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
 
     # ------------------------------------------------------------------ stage
     def step(self) -> ReplayBuffer:
-        """Pull until ``transitions_per_yield`` more transitions are credited (and ``warmup`` stored); yield self."""
+        """Pull until ``transitions_per_yield`` more transitions are credited (and ``warmup`` stored); yield self.
+
+        The first yield also waits until the strategy can draw a batch (a window,
+        a complete episode).
+        """
         if self.upstream is None:
             raise TypeError("this ReplayBuffer has no upstream to pull from; use add() and sample()")
-        warming_up = len(self) < self.warmup
-        while len(self) < self.warmup or self._credit < self.transitions_per_yield:
+        draws = self.draws
+        warming_up = len(self) < self.warmup or not draws.ready()
+        while len(self) < self.warmup or self._credit < self.transitions_per_yield or not draws.ready():
             self._credit += len(self._pull())
         if warming_up:  # the warm-up pays for the first yield only, not for a burst of them
             self._credit = min(self._credit, self.transitions_per_yield)
@@ -195,7 +224,11 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
         return cast(NumberedStream, self.upstream).stream_seq if self._upstream_numbered else None
 
     def _add_pulled(self, batch: TransitionBatch) -> np.ndarray:
-        """Add a batch pulled from upstream (a hook for buffers that watch the upstream's stream)."""
+        """Add a batch pulled from upstream, first ending every episode (of a strategy that follows them) at a cut."""
+        if self._episodic and self.consume_cut():
+            # steps are missing between the last batch added and this one (the source reset its envs after an
+            # interrupt or a restore, or someone pulled batches in between): no episode may run across the gap
+            self.end_episodes()
         return self.add(batch)
 
     # ------------------------------------------------------------------ buffer
@@ -205,14 +238,23 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
         An add cut short (a ``KeyboardInterrupt`` between two fields of a row) is
         written again in full before the buffer is read or written again. A batch
         the storage refuses (``ValueError``/``TypeError``: a wrong shape or dtype)
-        is refused before anything is written: the buffer stays as it was.
+        is refused before anything is written: the buffer stays as it was, and so
+        is one the strategy refuses (a field it needs is missing).
         """
+        self._draws_check(batch)
+        if self._episodic and len(batch) > self.capacity:  # it sees every row: add the batch in ring-sized chunks
+            chunks = [self.add(batch.rows(slice(lo, lo + self.capacity))) for lo in range(0, len(batch), self.capacity)]
+            return chunks[-1]
         # (no storage code runs before the journal records the batch: a cut anywhere in the storage is redone)
         return self._journal.write(self._store, batch)
 
     def _store(self, batch: TransitionBatch) -> np.ndarray:
-        """The write of one add: the rows (a subclass adds what it keeps per slot). Redone whole after a cut."""
-        return self.storage.add(batch)
+        """The write of one add: the rows, then what the strategy keeps per slot. Redone whole after a cut."""
+        old_size = self.storage.size
+        slots = self.storage.add(batch)
+        if len(slots):
+            self._draws_added(slots, old_size, batch, self._advance)
+        return slots
 
     def settle(self) -> None:
         """Finish an add that a cut left half done (called before every read; a no-op when none is)."""
@@ -220,83 +262,108 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
         if self._self_journaled:  # (an add made on the storage directly)
             cast(JournaledStorage[object], self.storage).settle()
 
-    def _save_written(self) -> object:
-        """What an add changes besides whole rows: the storage's counters (all its bookkeeping, if it says so)."""
-        return storage_snapshot(self.storage)
+    def _save_written(self) -> tuple[object, object]:
+        """What an add changes besides whole rows: the storage's counters (all its bookkeeping, if it says so),
+        and the strategy's snapshot."""
+        return storage_snapshot(self.storage), self._draws_snapshot()
 
-    def _restore_written(self, saved: Any) -> None:
-        restore_storage(self.storage, saved)
+    def _restore_written(self, saved: tuple[object, object]) -> None:
+        storage, draws = saved
+        restore_storage(self.storage, storage)
+        self.draws.restore(draws)
 
     def sample(self, batch_size: int) -> TransitionBatch:
-        """``batch_size`` transitions drawn uniformly with replacement, as numpy arrays [batch_size, ...]."""
-        self.settle()  # a buffer filled by hand may be sampled right after an interrupted add
-        self._check_batch_size(batch_size)
-        if not self.replacement:
-            return self.storage.gather(self._only_sampleable(self.passes.next(batch_size, len(self.storage), self.rng)))
-        indices = self.rng.integers(0, len(self.storage), batch_size)
-        if self._partly_sampleable:
-            draw = lambda count: (self.rng.integers(0, len(self.storage), count),)  # noqa: E731
-            (indices,) = redraw_unsampleable(cast(PartlySampleableStorage, self.storage).sampleable, (indices,), draw)
-        return self.storage.gather(indices)
+        """A batch of ``batch_size`` rows (or windows) drawn by the strategy, as numpy arrays [batch_size, ...].
 
-    def _only_sampleable(self, indices: np.ndarray) -> np.ndarray:
-        """``indices`` without the slots the storage cannot sample yet (all of them for an ArrayStorage)."""
-        if not self._partly_sampleable:
-            return indices
-        sampleable: np.ndarray = indices[cast(PartlySampleableStorage, self.storage).sampleable(indices)]
-        return sampleable
+        With the default :class:`~ptl_rl.replay.UniformDraws`: stored transitions drawn
+        uniformly with replacement, the stored fields only.
+        """
+        self.settle()  # a buffer filled by hand may be sampled right after an interrupted add
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        return self.draws.sample(self.rng, batch_size)
 
     def epoch(self, batch_size: int) -> Iterator[TransitionBatch]:
         """One fresh shuffled pass: every stored transition exactly once, in batches of ``batch_size``.
 
         The last batch holds the remainder. A pass begun by an earlier call or by
         ``sample`` without replacement is dropped. Add nothing while iterating.
+        Only for a strategy that makes passes (:class:`~ptl_rl.replay.UniformDraws`).
         """
+        if not isinstance(self.draws, EpochDrawStrategy):
+            raise TypeError(
+                f"this {type(self).__name__} draws with {type(self.draws).__name__}, which makes no shuffled passes "
+                "(a pass without replacement ignores priorities, windows and episodes); for passes over a fixed "
+                "buffer use ReplayBuffer(replacement=False) or ReplayBuffer.epoch()"
+            )
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.settle()
-        self._check_batch_size(1)  # the buffer holds something
-        self.passes.start(len(self.storage), self.rng)
-        while self.passes.remaining:
-            yield self.storage.gather(self._only_sampleable(self.passes.next(batch_size, len(self.storage), self.rng)))
+        return self.draws.epoch(self.rng, batch_size)
 
-    def _check_batch_size(self, batch_size: int) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if batch_size > len(self.storage):
-            raise ValueError(
-                f"cannot sample a batch of {batch_size} from a buffer holding {len(self.storage)} transitions "
-                f"(capacity {self.capacity}); set warmup >= {batch_size} so sampling starts later, or lower batch_size"
+    def update_priorities(self, indices: Numbers, priorities: Numbers, generations: Numbers | None = None) -> int:
+        """Set the priorities of the slots ``indices`` (int [B]) to ``priorities`` (float [B], ``>= 0``).
+
+        Returns how many rows were skipped as stale (their slot was overwritten
+        since the draw whose ``generations`` (int [B]) are passed). For a buffer whose
+        strategy draws by priority (:class:`~ptl_rl.core.protocols.PriorityDrawStrategy`,
+        see :meth:`ptl_rl.replay.PrioritizedDraws.update_priorities`); a sampled
+        batch's ``update_priorities(td_errors)`` does the same with ``|td_errors|``.
+        """
+        if not self._takes_priorities:
+            raise TypeError(
+                f"this buffer draws with {type(self.draws).__name__}, which takes no priorities; create it with "
+                "draws=ptl_rl.PrioritizedDraws(...)"
             )
+        return cast(PriorityDrawStrategy, self.draws).update_priorities(indices, priorities, generations)
+
+    def end_episodes(self) -> None:
+        """End every env's episode here: no step added later continues an episode stored before.
+
+        Called by the buffer itself when its stream is cut (a stream number skipped
+        upstream, a step of its own cut short) and after :meth:`load_state_dict`;
+        call it when feeding :meth:`add` by hand from streams that were cut (envs
+        reset without a ``terminated``/``truncated`` step). A no-op for a strategy
+        that follows no episodes (:class:`~ptl_rl.core.protocols.EpisodeDrawStrategy`).
+        """
+        self.settle()
+        if self._episodic:  # a write of the guard, like an add
+            self._journal.write(cast(EpisodeDrawStrategy, self.draws).end_episodes, self._journal.advance)
 
     # ------------------------------------------------------------------ state
-    STATE_VERSION = 1  # format of state_dict(); subclasses that extend it keep or bump it
+    # format of state_dict(). 2: the strategy's entries under "draws"; 0 and 1 kept them at the top level
+    STATE_VERSION = 2
 
     def state_dict(self) -> dict[str, Any]:
-        """Stored transitions (tensors), cursor and RNG state: plain containers, ``weights_only``-safe."""
+        """Stored transitions (tensors), cursor, RNG state and the strategy's state: ``weights_only``-safe."""
         self.settle()
-        state = {"storage": self.storage.state_dict(), "rng": self.rng.bit_generator.state, "credit": self._credit}
-        if not self.replacement:
-            state["passes"] = self.passes.state_dict()
+        state = {
+            "storage": self.storage.state_dict(),
+            "rng": self.rng.bit_generator.state,
+            "credit": self._credit,
+            "draws": self.draws.state_dict(),
+        }
         return versioned(state, self.STATE_VERSION)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a saved state; episodes in flight are ended (the source starts new ones after a restore)."""
         check_version(state, self.STATE_VERSION, type(self).__name__)
+        # the strategy first: it refuses a state of another configuration (alpha, length) before anything changes.
+        # (Formats 0 and 1 hold its entries at the top level; a format-2 state stripped of its version still has
+        # "draws", so the key, not the version, says where they are.)
+        self.draws.load_state_dict(state["draws"] if "draws" in state else state)
         self._journal.forget()  # the restored storage replaces whatever was being written
         self.storage.load_state_dict(state["storage"])
         self.rng.bit_generator.state = state["rng"]
         self._credit = int(state["credit"])
-        if "passes" in state:
-            self.passes.load_state_dict(state["passes"])
+        self.end_episodes()
 
     # ------------------------------------------------------------------ repr
     def __repr__(self) -> str:
-        """``ReplayBuffer(size=stored/capacity, warmup=..., transitions_per_yield=...)`` and the chain upstream."""
-        extra = {} if self.replacement else {"replacement": False}
-        return stage_repr(self, **self._size_counters(), transitions_per_yield=self.transitions_per_yield, **extra)
-
-    def _size_counters(self) -> dict[str, Any]:
-        return {"size": f"{len(self)}/{self.capacity}", "warmup": self.warmup}
+        """``ReplayBuffer(size=stored/capacity, warmup=..., <the strategy's counters>, transitions_per_yield=...)``
+        and the chain upstream."""
+        counters = {"size": f"{len(self)}/{self.capacity}", "warmup": self.warmup, **self.draws.counters()}
+        return stage_repr(self, **counters, transitions_per_yield=self.transitions_per_yield)
 
 
 def storage_snapshot(storage: Any) -> Any:
@@ -318,15 +385,3 @@ def restore_storage(storage: Any, snapshot: Any) -> None:
         storage.restore(snapshot)
     else:
         storage.cursor, storage.size, storage.total_added = snapshot
-
-
-def _checked_storage(storage: Any) -> Storage:
-    """``storage`` if it has every member of the :class:`~ptl_rl.core.protocols.Storage` protocol; else a TypeError."""
-    if not isinstance(storage, Storage):
-        raise TypeError(
-            f"the storage factory returned a {type(storage).__name__}, which lacks "
-            f"{', '.join(missing_members(storage, Storage))} of the "
-            "ptl_rl.core.protocols.Storage protocol; pass storage=lambda capacity: MyStorage(capacity) with a class "
-            "that has them all (see the protocol's documentation)"
-        )
-    return storage

@@ -1,33 +1,36 @@
-"""How a replay buffer picks the slots of a batch: a weight per slot in a sum-tree.
+"""How a replay buffer draws its rows: uniformly (the default), and the weighted slots the other strategies share.
 
-A slot with weight 0 is never drawn; the others are drawn with probability
-proportional to their weight. Two strategies share that mechanism:
-
-* :class:`SlotDraws`: every drawable slot weighs 1, so draws are uniform over
-  the drawable slots (a :class:`~ptl_rl.replay.SequenceReplayBuffer` draws
-  its window starts this way);
-* :class:`PriorityDraws`: proportional prioritized replay (Schaul et al.
-  2016), the weight of slot ``i`` is ``(p_i + eps) ** alpha``, and every draw
-  comes with importance weights.
-
-A buffer decides which slots are drawable and when; the strategy only keeps
-the weights, draws, and (prioritized) turns priorities into weights.
+* :class:`UniformDraws`: every stored row equally likely, with replacement
+  (``rng.integers``, or one row per equal segment with ``stratified``) or
+  in shuffled passes (``replacement=False``). The default of a
+  :class:`~ptl_rl.replay.ReplayBuffer`; its batches are the stored fields only.
+* :class:`WeightedSlots`: draws among the slots in proportion to a weight per
+  slot kept in a sum-tree (0: never drawn), and names the slots it drew in
+  the batch (``indices``, ``generations``, with priorities ``weights`` and the
+  feedback link). :class:`~ptl_rl.replay.PrioritizedDraws` weighs a slot by
+  its priority. A strategy that draws something other than stored rows
+  (:class:`~ptl_rl.replay.SequenceWindows`: window starts,
+  :class:`~ptl_rl.replay.HindsightGoals`: steps of complete episodes) holds a
+  ``WeightedSlots`` (a ``UniformDraws`` or a ``PrioritizedDraws``), binds it
+  with :meth:`WeightedSlots.bind_weights` and sets the weights of the slots
+  it makes drawable; the ``WeightedSlots`` only keeps the weights and the
+  write stamps, draws, and (prioritized) turns priorities into weights.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, cast
 
 import numpy as np
 import torch
 
-from ptl_rl.core.schedules import Schedule, as_schedule
+from ptl_rl.core.batch import Numbers, TransitionBatch
+from ptl_rl.core.protocols import PartlySampleableStorage, Storage
+from ptl_rl.core.protocols.draws import Advance, PriorityDrawStrategy
+from ptl_rl.replay.feedback import PriorityFeedback
+from ptl_rl.replay.shuffle import ShuffledPasses
 from ptl_rl.replay.sumtree import SumTree
-
-BETA_CLOCKS = ("learner", "env")
-_LOG_MAX_FLOAT = math.log(np.finfo(np.float64).max) - 1.0  # margin for the rounding of pow
 
 
 def redraw_unsampleable(
@@ -55,28 +58,64 @@ def redraw_unsampleable(
     )
 
 
-class SlotDraws:
-    """Uniform draws over the drawable slots: each has weight 1, every other slot 0.
+def check_batch_fits(batch_size: int, storage: Storage) -> None:
+    """Refuse a batch of rows larger than the rows stored (naming the fix)."""
+    if batch_size > len(storage):
+        raise ValueError(
+            f"cannot sample a batch of {batch_size} from a buffer holding {len(storage)} transitions "
+            f"(capacity {storage.capacity}); set warmup >= {batch_size} so sampling starts later, or lower batch_size"
+        )
+
+
+class WeightedSlots:
+    """Draws slots in proportion to a weight per slot (0: never drawn), and keeps the slots' write stamps.
+
+    Bound to one buffer's storage (:meth:`bind_weights`, by itself or by the
+    strategy that holds it): a sum-tree of the weights (``tree``, float64
+    [capacity]) and the write stamp of each slot (``generations``, int64
+    [capacity], -1 for a slot never written). Every drawable slot weighs 1
+    here; :class:`~ptl_rl.replay.PrioritizedDraws` weighs it by its priority.
 
     Args:
-        capacity: number of slots.
         stratified: draw one target from each of ``B`` equal segments of the
-            total mass (lower variance) instead of ``B`` independent targets.
-            Either way each drawable slot has the same probability.
+            total weight (lower variance) instead of ``B`` independent targets.
+            Either way each slot's probability is its share of the total weight.
     """
 
-    prioritized = False
+    tree: SumTree
+    generations: np.ndarray
 
-    def __init__(self, capacity: int, stratified: bool = True) -> None:
-        self.tree = SumTree(capacity)
+    def __init__(self, stratified: bool) -> None:
         self.stratified = bool(stratified)
-        self.batches_sampled = 0
+        self.batches_sampled = 0  # batches drawn (the "learner" clock of a prioritized beta)
+        self._bound = False
+
+    def _claim(self, storage: Storage) -> None:
+        """Take ``storage`` as the one this strategy draws from (a strategy keeps per-slot state of one buffer)."""
+        if self._bound:
+            raise ValueError(
+                f"this {type(self).__name__} already draws for another buffer: a draw strategy keeps the state of "
+                "one buffer's slots, so create one per buffer"
+            )
+        self._bound = True
+        self._storage = storage
+
+    def bind_weights(self, storage: Storage) -> None:
+        """Draw among the slots of ``storage``, by weights that its holder (or :meth:`added`) sets in ``tree``."""
+        self._claim(storage)
+        self.tree = SumTree(storage.capacity)
+        self.generations = np.full(storage.capacity, -1, dtype=np.int64)
+
+    def stamp(self, slots: np.ndarray) -> None:
+        """Give the freshly written ``slots`` (int [B], the last add's) their generation: the write's running index."""
+        total = self._storage.total_added
+        self.generations[slots] = np.arange(total - len(slots), total)
 
     def weight_for_new(self, slots: np.ndarray, old_size: int) -> float:
         """Weight of slots that become drawable now (``slots`` int [B] were just written over ``old_size`` stored)."""
         return 1.0
 
-    def draw(
+    def draw_slots(
         self, rng: np.random.Generator, batch_size: int, sampleable: Callable[[np.ndarray], np.ndarray] | None = None
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """``batch_size`` slots (int64 [B]) and their importance weights (float32 [B], or ``None`` if uniform).
@@ -101,140 +140,160 @@ class SlotDraws:
     def _importance_weights(self, leaves: np.ndarray, beta: float) -> np.ndarray:
         raise NotImplementedError
 
-    def state_dict(self, size: int) -> dict[str, Any]:
-        """The weights of the first ``size`` slots and the draw counter (``weights_only``-safe)."""
-        return {"priorities": torch.from_numpy(self.tree.leaves[:size].copy()), "batches_sampled": self.batches_sampled}
+    def finish(
+        self, batch: TransitionBatch, slots: np.ndarray, weights: np.ndarray | None, target: PriorityDrawStrategy
+    ) -> TransitionBatch:
+        """``batch`` drawn at ``slots`` (int64 [B]) with ``indices``, ``generations`` (and ``weights``) added.
 
-    def check_state(self, state: Mapping[str, Any]) -> None:
-        """Raise if ``state`` cannot be loaded into this strategy (a hook; nothing to check here)."""
+        With ``weights`` (float32 [B]) the batch also gets the feedback link, which
+        sends priorities to ``target.update_priorities`` (the strategy that drew it).
+        """
+        generations = self.generations.take(slots)
+        batch["indices"] = slots
+        batch["generations"] = generations
+        if weights is not None:
+            batch["weights"] = weights
+            batch.attach_priority_feedback(PriorityFeedback(target, slots, generations))
+        return batch
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def update_priorities(
+        self, indices: Numbers, priorities: Numbers, generations: Numbers | None = None, *, drawable: str | None = None
+    ) -> int:
+        """Not available: uniform draws have no priorities (see :class:`~ptl_rl.replay.PrioritizedDraws`)."""
+        raise TypeError(
+            f"this buffer draws uniformly ({type(self).__name__}): it has no priorities to update; create it with "
+            "prioritized=True, or with draws=ptl_rl.PrioritizedDraws(...)"
+        )
+
+    # ------------------------------------------------------------------ state
+    def weights_state_dict(self, size: int) -> dict[str, Any]:
+        """The weights and stamps of the first ``size`` slots and the draw counter (``weights_only``-safe)."""
+        return {
+            "priorities": torch.from_numpy(self.tree.leaves[:size].copy()),
+            "generations": torch.from_numpy(self.generations[:size].copy()),
+            "batches_sampled": self.batches_sampled,
+        }
+
+    def check_weights_state(self, state: Mapping[str, Any]) -> None:
+        """Raise if ``state`` cannot be loaded (a hook, called before anything changes; nothing to check here)."""
+
+    def load_weights_state(self, state: Mapping[str, Any]) -> None:
+        """Load :meth:`weights_state_dict`'s entries (the stamps in place: holders keep a reference)."""
+        self.check_weights_state(state)
         self.tree.set_all(state["priorities"].numpy())
+        generations = state["generations"].numpy()
+        self.generations[:] = -1
+        self.generations[: len(generations)] = generations
         self.batches_sampled = int(state["batches_sampled"])
 
 
-class PriorityDraws(SlotDraws):
-    """Proportional prioritized draws: ``P(i) = w_i / sum_k w_k`` with ``w_i = (p_i + eps) ** alpha``.
+class UniformDraws(WeightedSlots):
+    """Every stored row equally likely: the draws of a plain :class:`~ptl_rl.replay.ReplayBuffer` (its default).
 
-    Importance weights ``(N * P(i)) ** -beta`` are normalised by the largest
-    in the batch, i.e. ``(min_j w_j / w_i) ** beta`` over the batch's rows, so
-    the largest is exactly 1 (see :mod:`ptl_rl.replay.prioritized`).
+    A batch is the stored fields of the rows drawn, ``[B, ...]``, nothing more.
 
     Args:
-        capacity, stratified: as for :class:`SlotDraws`.
-        alpha: priority exponent (0 = uniform), ``>= 0``.
-        beta: importance-sampling exponent, a float or a schedule ``step -> beta``.
-        beta_clock: the step a schedule gets: ``"learner"`` (batches drawn so
-            far) or ``"env"`` (``env_clock()``, transitions added so far).
-        eps: added to every priority, so that no slot becomes unreachable (``> 0``).
-        env_clock: returns the number of transitions added (for ``beta_clock="env"``).
+        stratified: draw one row from each of ``B`` equal segments of the
+            stored rows instead of ``B`` independent rows (each row is still
+            equally likely). Off by default, which draws ``rng.integers``.
+            Held by a :class:`~ptl_rl.replay.SequenceWindows` or
+            :class:`~ptl_rl.replay.HindsightGoals`, it applies to the sum-tree
+            of the slots they make drawable.
+        replacement: ``True`` (default) draws every batch with replacement;
+            ``False`` samples without replacement: shuffled passes in which
+            every stored transition comes exactly once (the last batch of a
+            pass holds the remainder and may be smaller), for epoch-style
+            training on a fixed buffer. A buffer's ``epoch()`` makes such a
+            pass either way.
+
+    Examples:
+        >>> import numpy as np
+        >>> import ptl_rl
+        >>> rows = ptl_rl.TransitionBatch(obs=np.arange(6.0)[:, None], action=np.arange(6))
+        >>> buffer = ptl_rl.ReplayBuffer(capacity=6, draws=ptl_rl.UniformDraws(replacement=False), seed=0)
+        >>> _ = buffer.add(rows)
+        >>> sorted(np.concatenate([buffer.sample(4).action, buffer.sample(4).action]).tolist())  # a pass: once each
+        [0, 1, 2, 3, 4, 5]
     """
 
-    prioritized = True
+    def __init__(self, *, stratified: bool = False, replacement: bool = True) -> None:
+        super().__init__(stratified)
+        self.replacement = bool(replacement)
+        self.passes = ShuffledPasses()  # the order of sampling without replacement (and of epoch())
 
-    def __init__(
-        self,
-        capacity: int,
-        *,
-        alpha: float,
-        beta: float | Schedule,
-        beta_clock: str,
-        eps: float,
-        stratified: bool,
-        env_clock: Callable[[], int],
-    ) -> None:
-        if not (np.isfinite(alpha) and alpha >= 0):
-            raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
-        if not (np.isfinite(eps) and eps > 0):
-            raise ValueError(f"eps must be > 0 (it keeps every transition reachable), got {eps}")
-        if beta_clock not in BETA_CLOCKS:
-            raise ValueError(f"beta_clock must be one of {BETA_CLOCKS}, got {beta_clock!r}")
-        if not callable(beta) and not 0 <= beta:
-            raise ValueError(f"beta must be >= 0 (usually annealed from ~0.4 to 1), got {beta}")
-        super().__init__(capacity, stratified)
-        self.alpha = float(alpha)
-        self.eps = float(eps)
-        self.beta_schedule: Schedule = as_schedule(beta)
-        self.beta_clock = beta_clock
-        self.env_clock = env_clock
-        self.stale_updates = 0  # priority updates ignored because their slot was overwritten since sampling
-        self.applied_updates = 0
+    def bind(self, storage: Storage, upstream: Iterator[TransitionBatch] | None) -> None:
+        """Draw among the rows of ``storage`` (every stored row is drawable: no sum-tree)."""
+        self._claim(storage)
+        self._partly_sampleable = isinstance(storage, PartlySampleableStorage)
 
-    @property
-    def beta(self) -> float:
-        """The importance-sampling exponent now (the schedule at the current clock)."""
-        step = self.batches_sampled if self.beta_clock == "learner" else self.env_clock()
-        return float(self.beta_schedule(step))
-
-    def weight_for_new(self, slots: np.ndarray, old_size: int) -> float:
-        """The largest weight among the slots that held data and were not just overwritten (1 if none)."""
-        capacity = self.tree.capacity
-        count, start = len(slots), int(slots[0])
-        if old_size + count <= capacity:  # nothing overwritten: all of [0, old_size) stays
-            best = self.tree.range_max(0, old_size)
-        elif count >= capacity:
-            best = 0.0
-        else:  # full ring: the kept slots run from the end of the written range around to its start
-            stop = start + count
-            best = max(self.tree.range_max(stop, capacity), self.tree.range_max(stop - capacity, start))
-        return best if best > 0.0 else 1.0
-
-    def _beta_now(self) -> float:
-        return self.beta
-
-    def _importance_weights(self, leaves: np.ndarray, beta: float) -> np.ndarray:
-        # (N P_i)^-beta / max_j (N P_j)^-beta == (min_j leaf_j / leaf_i)^beta: N and the total cancel
-        weights: np.ndarray = np.power(leaves.min() / leaves, beta, dtype=np.float32)
-        return weights
-
-    def weights_of(self, priorities: np.ndarray) -> np.ndarray:
-        """``(priorities + eps) ** alpha`` (float64 [B]) after checking the values; raises before any change."""
-        if len(priorities) == 0:
-            return priorities
-        low, high = priorities.min(), priorities.max()  # NaN propagates into both
-        # fast path: all finite, >= 0, and small enough that (p + eps) ** alpha stays finite
-        if low >= 0 and high < np.inf and self.alpha * math.log(high + self.eps) < _LOG_MAX_FLOAT:
-            return np.power(priorities + self.eps, self.alpha)
-        self._raise_bad_priorities(priorities)
-        raise AssertionError("unreachable")
-
-    def _raise_bad_priorities(self, priorities: np.ndarray) -> None:
-        """Raise the ``ValueError`` that names what is wrong with ``priorities`` and how to fix it."""
-        bad = ~np.isfinite(priorities)
-        if bad.any():
+    def bind_weights(self, storage: Storage) -> None:
+        if not self.replacement:
             raise ValueError(
-                f"priorities must be finite; got {priorities[bad][:5].tolist()} at rows "
-                f"{np.flatnonzero(bad)[:5].tolist()} (a diverging loss or target?). Fix the TD targets or clip "
-                "the errors, e.g. td.clamp(-100, 100), before feeding them back. The priorities are unchanged."
+                "windows and hindsight goals are drawn with replacement; pass UniformDraws() (replacement=True)"
             )
-        negative = priorities < 0
-        if negative.any():
-            raise ValueError(
-                f"priorities must be >= 0; got {priorities[negative][:5].tolist()} at rows "
-                f"{np.flatnonzero(negative)[:5].tolist()}. Pass absolute TD errors (td.abs()), or use "
-                "batch.update_priorities(td_errors), which takes the absolute value. The priorities are unchanged."
-            )
-        raise ValueError(
-            f"(priority + eps) ** alpha overflows for priorities up to {priorities.max():.3g} with "
-            f"alpha={self.alpha}; clip the TD errors. The priorities are unchanged."
-        )
+        super().bind_weights(storage)
 
-    def state_dict(self, size: int) -> dict[str, Any]:
-        """As :meth:`SlotDraws.state_dict`, plus ``alpha`` and the update counters."""
-        state = super().state_dict(size)
-        state.update(alpha=self.alpha, stale_updates=self.stale_updates, applied_updates=self.applied_updates)
-        return state
+    def check(self, batch: TransitionBatch) -> None:
+        """Any batch the storage takes will do."""
 
-    def check_state(self, state: Mapping[str, Any]) -> None:
-        """Raise if ``state`` was saved with another ``alpha`` (its weights are raised to that alpha)."""
-        if float(state.get("alpha", 0.0)) != self.alpha:
-            raise ValueError(
-                f"the state was saved with alpha={state.get('alpha', 0.0)}, this buffer has alpha={self.alpha}; "
-                "stored priorities are raised to alpha, so create the buffer with the checkpoint's alpha"
-            )
+    def added(self, slots: np.ndarray, old_size: int, batch: TransitionBatch, advance: Advance) -> None:
+        """Nothing to keep per row: a stored row is drawable."""
+
+    def ready(self) -> bool:
+        return True  # any stored row can be drawn: the warm-up alone decides when enough are
+
+    def sample(self, rng: np.random.Generator, batch_size: int) -> TransitionBatch:
+        """``batch_size`` stored rows, uniformly (or the next of a pass without replacement), ``[B, ...]``."""
+        storage = self._storage
+        check_batch_fits(batch_size, storage)
+        size = len(storage)
+        if not self.replacement:
+            return storage.gather(self._only_sampleable(self.passes.next(batch_size, size, rng)))
+        if self.stratified:  # one row in each of B equal segments of [0, size)
+            indices = np.minimum(((np.arange(batch_size) + rng.random(batch_size)) * (size / batch_size)), size - 1)
+            indices = indices.astype(np.int64)
+        else:
+            indices = rng.integers(0, size, batch_size)
+        if self._partly_sampleable:
+            draw = lambda count: (rng.integers(0, size, count),)  # noqa: E731
+            (indices,) = redraw_unsampleable(cast(PartlySampleableStorage, storage).sampleable, (indices,), draw)
+        return storage.gather(indices)
+
+    def epoch(self, rng: np.random.Generator, batch_size: int) -> Iterator[TransitionBatch]:
+        """One fresh shuffled pass: every stored row exactly once, in batches of ``batch_size`` (the last smaller)."""
+        storage = self._storage
+        check_batch_fits(1, storage)  # the buffer holds something
+        self.passes.start(len(storage), rng)
+        while self.passes.remaining:
+            yield storage.gather(self._only_sampleable(self.passes.next(batch_size, len(storage), rng)))
+
+    def _only_sampleable(self, indices: np.ndarray) -> np.ndarray:
+        """``indices`` without the slots the storage cannot sample yet (all of them for an ArrayStorage)."""
+        if not self._partly_sampleable:
+            return indices
+        sampleable: np.ndarray = indices[cast(PartlySampleableStorage, self._storage).sampleable(indices)]
+        return sampleable
+
+    def snapshot(self) -> object:
+        return None  # an add changes nothing here
+
+    def restore(self, snapshot: Any) -> None:
+        """Nothing to put back."""
+
+    def counters(self) -> dict[str, object]:
+        shown: dict[str, object] = {} if self.replacement else {"replacement": False}
+        if self.stratified:
+            shown["stratified"] = True
+        return shown
+
+    def state_dict(self) -> dict[str, Any]:
+        """The pass under way, when sampling without replacement (a with-replacement draw keeps nothing)."""
+        return {} if self.replacement else {"passes": self.passes.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.check_state(state)
-        super().load_state_dict(state)
-        self.stale_updates = int(state["stale_updates"])
-        self.applied_updates = int(state["applied_updates"])
+        if "passes" in state:
+            self.passes.load_state_dict(state["passes"])
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{key}={value}" for key, value in self.counters().items())
+        return f"UniformDraws({options})"

@@ -270,8 +270,8 @@ class EpisodeIndex:
         )
 
     # ------------------------------------------------------------------ applying (assignments only)
-    def apply(self, plan: EpisodePlan, tree: SumTree) -> None:
-        """Write ``plan``; ``tree`` gets weight 1 for drawable slots, 0 for those that stop being drawable.
+    def apply(self, plan: EpisodePlan, tree: SumTree, weight: float = 1.0) -> None:
+        """Write ``plan``; ``tree`` gets ``weight`` for the slots that become drawable, 0 for those that stop being.
 
         Idempotent: every write is an assignment of values fixed in the plan.
         """
@@ -294,7 +294,9 @@ class EpisodeIndex:
             # a slot both lost and finished (overwritten by a step of an episode that ends in the same add) ends
             # up drawable: numpy's fancy assignment keeps the last value of a repeated index
             lost = plan.lost[self.length[plan.lost] == 0]
-            tree.update(np.concatenate([lost, plan.finished]), np.repeat([0.0, 1.0], [len(lost), len(plan.finished)]))
+            tree.update(
+                np.concatenate([lost, plan.finished]), np.repeat([0.0, weight], [len(lost), len(plan.finished)])
+            )
 
     # ------------------------------------------------------------------ reading
     def drawable(self, slots: np.ndarray) -> np.ndarray:

@@ -160,9 +160,9 @@ def load_directory(
 
 
 def save_buffer(buffer: ReplayBuffer, directory: str | os.PathLike[str]) -> str:
-    """Save a replay buffer (its FrameStorage, RNG, priorities, counters) to ``directory`` atomically."""
+    """Save a replay buffer (its storage, RNG, its draw strategy's state, counters) to ``directory`` atomically."""
     state = dict(buffer.state_dict())
-    state.pop("storage")
+    state.pop("storage")  # (written as the directory's arrays)
     return save_directory(buffer.storage, directory, extra_state=state)
 
 

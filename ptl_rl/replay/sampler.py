@@ -15,7 +15,7 @@ from ptl_rl.core.stage import Stage
 from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.replay.buffer import ReplayBuffer
 from ptl_rl.replay.rollout import RolloutBuffer
-from ptl_rl.replay.sequence import SequenceReplayBuffer
+from ptl_rl.replay.windows import SequenceWindows
 from ptl_rl.stages.nstep import NStepTransform
 from ptl_rl.stages.source import ExperienceSource
 
@@ -156,14 +156,14 @@ def _check_upstream(upstream: Any, batch_size: int) -> None:
         raise TypeError(
             _nothing_to_sample(f"its upstream {type(upstream).__name__} yields transition batches", batch_size)
         )
-    if isinstance(upstream, ReplayBuffer) and not isinstance(upstream, SequenceReplayBuffer):
+    if isinstance(upstream, ReplayBuffer) and not isinstance(upstream.draws, SequenceWindows):
         _check_fits(upstream, batch_size)
 
 
 def _check_fits(buffer: ReplayBuffer, batch_size: int) -> None:
     """A batch needs ``batch_size`` stored transitions: the warm-up must store that many before the first yield.
 
-    (A :class:`~ptl_rl.replay.SequenceReplayBuffer` draws windows with replacement and has no such bound.)
+    (A buffer of :class:`~ptl_rl.replay.SequenceWindows` draws windows with replacement and has no such bound.)
     """
     name = type(buffer).__name__
     if batch_size > buffer.capacity:

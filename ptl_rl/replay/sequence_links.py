@@ -1,8 +1,8 @@
-"""How a SequenceReplayBuffer links its steps into episodes and finds the steps that start windows.
+"""How SequenceWindows links the stored steps into episodes and finds the steps that start windows.
 
 Transitions of different envs are interleaved in the ring (a vector env adds
 ``N`` rows per step, an n-step stage flushes episode tails at once), so the
-buffer links every stored step to the previous and the next step of the same
+strategy links every stored step to the previous and the next step of the same
 env and episode, at add time and vectorized over the batch:
 
 * ``next_slot[s]`` / ``prev_slot[s]``: the slot of the following / preceding
@@ -13,7 +13,7 @@ env and episode, at add time and vectorized over the batch:
   ``terminated | truncated``) and only to steps still stored, and a slot being
   overwritten cuts the link of its successor, so no window crosses an episode
   boundary, the write head, or data that is gone.
-* per env the buffer keeps a step counter, the step at which the running
+* per env the strategy keeps a step counter, the step at which the running
   episode began, and the slots of its last ``length`` steps; with these a
   step is marked a *window start* as soon as the ``length - 1`` steps after it
   in its episode are stored, or, for an episode shorter than ``length``, its
@@ -26,16 +26,16 @@ import numpy as np
 
 
 class SequenceLinks:
-    """The episode links of a :class:`~ptl_rl.replay.sequence.SequenceReplayBuffer` (a base class of it).
+    """The episode links of a :class:`~ptl_rl.replay.SequenceWindows` (a base class of it).
 
     ``next_slot`` / ``prev_slot`` (int64 [capacity]) and the per-env arrays
     (``[E]`` and ``[E, length]``, grown as env ids appear) that the linking
-    advances. The buffer calls :meth:`_unlink` for the slots an add
-    overwrites and :meth:`_link` for the slots it wrote, and journals the
-    per-env arrays (:meth:`_per_env_state`) around each add.
+    advances. The strategy calls :meth:`_unlink` for the slots an add
+    overwrites and :meth:`_link` for the slots it wrote, and its snapshot for
+    the buffer's journal is the per-env arrays (:meth:`_per_env_state`).
     """
 
-    # set by the buffer (and its IndexedReplayBuffer base) before any link is made
+    # set by SequenceWindows.bind before any link is made
     capacity: int
     length: int
     pad_end: bool

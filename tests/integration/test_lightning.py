@@ -153,9 +153,9 @@ def test_the_batch_is_a_collection_lightning_knows() -> None:
     assert isinstance(converted, ptl_rl.TorchBatch)
     assert converted.obs.dtype == torch.bfloat16 and converted.action.dtype == torch.int64
     buffer = ptl_rl.find_stage(sampler, ptl_rl.PrioritizedReplayBuffer)
-    before = buffer.applied_updates
+    before = buffer.draws.applied_updates
     converted.update_priorities(torch.ones(16, dtype=torch.bfloat16))  # the link survives the rebuild
-    assert buffer.applied_updates == before + 16
+    assert buffer.draws.applied_updates == before + 16
 
 
 def test_tuples_for_modules_that_unpack_them(L) -> None:
@@ -489,7 +489,7 @@ def test_the_dqn_pipeline_trains_under_bf16(L, precision) -> None:
         assert next(net.parameters()).dtype == torch.bfloat16
         assert module.seen[-1].obs.dtype == torch.bfloat16  # the batch was converted like the module
     buffer = ptl_rl.find_stage(sampler, ptl_rl.PrioritizedReplayBuffer)
-    assert buffer.applied_updates == 20 * 16  # priorities flowed back under either precision
+    assert buffer.draws.applied_updates == 20 * 16  # priorities flowed back under either precision
     # the agent acted with the bf16 network (observations cast to its dtype, bf16 outputs read back)
     agent = ptl_rl.find_stage(sampler, ptl_rl.ExperienceSource).agent
     actions = agent(np.zeros((2, 4), dtype=np.float32))

@@ -202,10 +202,10 @@ def test_sequence_buffer_windows_exact(mode):
         batch = next(source)
         buffer.add(batch)
         twin.add(batch)
-        if buffer.num_windows < 4:
+        if buffer.draws.num_windows < 4:
             continue
         sample = buffer.sample(8)
-        slots, _ = buffer.window_slots(sample["indices"])
+        slots, _ = buffer.draws.window_slots(sample["indices"])
         assert buffer.storage.sampleable(slots[sample["mask"]]).all()
         expected = twin.storage.gather(slots)
         for name in expected.keys():
@@ -278,7 +278,7 @@ def test_save_and_load_directory(tmp_path, memmap):
     a, b = buffer.storage.gather(every[ok]), restored.storage.gather(every[ok])
     for name in a.keys():
         np.testing.assert_array_equal(a[name], b[name])
-    np.testing.assert_array_equal(buffer.priorities(), restored.priorities())
+    np.testing.assert_array_equal(buffer.draws.priorities(), restored.draws.priorities())
     assert buffer.rng.bit_generator.state == restored.rng.bit_generator.state
     # a second save onto the same directory replaces it atomically
     save_buffer(restored, tmp_path / "save")

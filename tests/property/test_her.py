@@ -170,12 +170,12 @@ def test_sampled_rows_and_goals_match_brute_force(layout, strategy, terminal):
 
     # the drawable slots are exactly the steps of complete episodes, and each lists its episode in time order
     stored = buffer.storage.gather(np.arange(len(buffer)))["action"]
-    drawable = np.flatnonzero(buffer.episodes.length[: len(buffer)] > 0)
+    drawable = np.flatnonzero(buffer.draws.episodes.length[: len(buffer)] > 0)
     assert set(stored[drawable].tolist()) == sampleable
-    assert buffer.num_sampleable == len(sampleable)
+    assert buffer.draws.num_sampleable == len(sampleable)
     for slot in drawable:
         episode = complete[by_number[int(stored[slot])]["episode"]]
-        assert stored[buffer.episodes.episode_slots(slot)].tolist() == [r["number"] for r in episode]
+        assert stored[buffer.draws.episodes.episode_slots(slot)].tolist() == [r["number"] for r in episode]
     if not sampleable:
         with pytest.raises(ValueError, match="no episode has ended yet"):
             buffer.sample(4)
@@ -235,7 +235,7 @@ def long_buffer(strategy: str, n_sampled_goal: int, seed: int = 0) -> tuple[HERR
 def test_relabeled_share_is_her_ratio(n_sampled_goal, batch_size):
     buffer, _ = long_buffer("future", n_sampled_goal)
     her_ratio = 1 - 1 / (n_sampled_goal + 1)
-    assert buffer.her_ratio == her_ratio
+    assert buffer.draws.her_ratio == her_ratio
     draws = 20_000 // batch_size
     relabeled = sum(int(buffer.sample(batch_size)["relabeled"].sum()) for _ in range(draws))
     total = draws * batch_size
@@ -277,7 +277,7 @@ def test_goal_step_is_uniform_over_the_eligible_steps(strategy):
 def test_steps_are_drawn_uniformly_among_the_sampleable_ones():
     buffer, _ = long_buffer("final", n_sampled_goal=1, seed=2)
     stored = buffer.storage.gather(np.arange(len(buffer)))["action"]
-    sampleable = stored[buffer.episodes.length[: len(buffer)] > 0]
+    sampleable = stored[buffer.draws.episodes.length[: len(buffer)] > 0]
     assert 0 < len(sampleable) < len(buffer)  # the ring wrapped: some episodes lost their first step
     counts = np.zeros(stored.max() + 1, dtype=np.int64)
     for _ in range(200):
@@ -299,10 +299,12 @@ def test_state_round_trip_keeps_the_index_and_the_rng():
     restored = HERReplayBuffer(None, 200, compute_reward=distance_reward, seed=123)
     restored.load_state_dict(torch.load(blob, weights_only=True))
     # a restore ends the episodes in flight (the source starts new ones): the same as ending them here
-    assert (buffer.episodes.env_steps > 0).any()
+    assert (buffer.draws.episodes.env_steps > 0).any()
     buffer.end_episodes()
     for name in ("step", "prev", "length", "order", "last_slot", "env_steps"):
-        np.testing.assert_array_equal(getattr(restored.episodes, name), getattr(buffer.episodes, name), err_msg=name)
+        np.testing.assert_array_equal(
+            getattr(restored.draws.episodes, name), getattr(buffer.draws.episodes, name), err_msg=name
+        )
     for _ in range(3):
         a, b = buffer.sample(64), restored.sample(64)
         for name in ("action", "reward", "relabeled", "indices", "generations"):
@@ -311,7 +313,8 @@ def test_state_round_trip_keeps_the_index_and_the_rng():
     # and it goes on: a step added after the restore starts a new episode
     restored.add(as_batch([dict(env=1, end=0, number=10_000, episode=999, t=0, batch=0)]))
     assert (
-        restored.episodes.env_steps.tolist() == [0, 1, 0] and restored.episodes.step[restored.storage.cursor - 1] == 0
+        restored.draws.episodes.env_steps.tolist() == [0, 1, 0]
+        and restored.draws.episodes.step[restored.storage.cursor - 1] == 0
     )
 
 
@@ -326,7 +329,7 @@ def _batches() -> list[TransitionBatch]:
 
 def _state(buffer: HERReplayBuffer) -> dict[str, np.ndarray]:
     stored = buffer.storage.gather(np.arange(len(buffer)))
-    index = buffer.episodes
+    index = buffer.draws.episodes
     return {
         "action": stored["action"],
         "observation": stored["obs"]["observation"],
@@ -338,14 +341,16 @@ def _state(buffer: HERReplayBuffer) -> dict[str, np.ndarray]:
         "start": np.where(index.length > 0, index.start, -1),
         "order": index.order[index._order_positions(index.start[index.length > 0], index.length[index.length > 0])],
         "counters": np.array([index.written, index.order_written, buffer.storage.total_added]),
-        "leaves": buffer.tree.leaves[: buffer.capacity].copy(),
-        "sums": buffer.tree.sums.copy(),
-        "generations": buffer.generations.copy(),
+        "leaves": buffer.draws.tree.leaves[: buffer.capacity].copy(),
+        "sums": buffer.draws.tree.sums.copy(),
+        "generations": buffer.draws.generations.copy(),
     }
 
 
 @pytest.mark.parametrize("then", ["add", "sample", "state_dict"])
-@pytest.mark.parametrize("target", ["ptl_rl.replay.her", "ptl_rl.replay.episodes", "ptl_rl.replay.storage"])
+@pytest.mark.parametrize(
+    "target", ["ptl_rl.replay.hindsight", "ptl_rl.replay.buffer", "ptl_rl.replay.episodes", "ptl_rl.replay.storage"]
+)
 def test_add_interrupted_anywhere_is_completed_or_undone(target, then):
     """An interrupt at any line of a wrapping add leaves the buffer as if the add ran in full (or, at its very
     first lines, never ran), once the next add, sample or state_dict has run."""
@@ -377,7 +382,7 @@ def test_add_interrupted_anywhere_is_completed_or_undone(target, then):
             buffer.add(batch)
         with pytest.raises(KeyboardInterrupt):
             injector.run(lambda: buffer.add(batches[wrap]), "target", k, KeyboardInterrupt())  # noqa: B023
-        if then == "sample" and buffer.tree.total > 0:
+        if then == "sample" and buffer.draws.tree.total > 0:
             buffer.sample(4)
         elif then == "state_dict":
             buffer.state_dict()
@@ -389,14 +394,15 @@ def test_add_interrupted_anywhere_is_completed_or_undone(target, then):
         seen.append(same[0])
     # only the first lines of add (the checks, before anything is recorded) may leave it undone
     undone = [k for k, outcome in enumerate(seen, 1) if outcome == "undone"]
-    assert undone == list(range(1, len(undone) + 1)) and len(undone) <= (80 if target.endswith("her") else 0), seen
+    first_lines = 80 if target.endswith(("hindsight", "buffer")) else 0  # (the strategy's checks, the buffer's add)
+    assert undone == list(range(1, len(undone) + 1)) and len(undone) <= first_lines, seen
 
 
 def test_end_episodes_interrupted_anywhere_then_called_again_ends_them_once():
     batches = _batches()
     episodes_file = sys.modules["ptl_rl.replay.episodes"].__file__
-    her_file = sys.modules["ptl_rl.replay.her"].__file__
-    injector = Injector({"target": lambda code: code.co_filename in (episodes_file, her_file)})
+    her_files = (sys.modules["ptl_rl.replay.hindsight"].__file__, sys.modules["ptl_rl.replay.buffer"].__file__)
+    injector = Injector({"target": lambda code: code.co_filename in (episodes_file, *her_files)})
 
     def filled() -> HERReplayBuffer:
         buffer = HERReplayBuffer(None, 30, compute_reward=distance_reward, seed=0)
@@ -405,7 +411,7 @@ def test_end_episodes_interrupted_anywhere_then_called_again_ends_them_once():
         return buffer
 
     clean = filled()
-    assert (clean.episodes.env_steps > 0).any()
+    assert (clean.draws.episodes.env_steps > 0).any()
     injector.run(clean.end_episodes)
     lines = injector.counts["target"]
     for batch in batches[4:]:
@@ -461,11 +467,11 @@ def test_behind_a_source_episodes_are_real_and_never_span_a_peek(mode):
         next(buffer)
     stored = buffer.storage.gather(np.arange(len(buffer)))
     obs, after = stored["obs"]["observation"], stored["next_obs"]["observation"]
-    drawable = np.flatnonzero(buffer.episodes.length[: len(buffer)] > 0)
+    drawable = np.flatnonzero(buffer.draws.episodes.length[: len(buffer)] > 0)
     assert len(drawable) > 30
     cut_short = 0
     for slot in drawable:
-        steps = buffer.episodes.episode_slots(slot)
+        steps = buffer.draws.episodes.episode_slots(slot)
         np.testing.assert_array_equal(after[steps[:-1]], obs[steps[1:]])  # step i+1 starts where step i ended
         last = steps[-1]
         cut_short += not (stored["terminated"][last] or stored["truncated"][last])

@@ -260,8 +260,8 @@ def test_sampling_frequencies_are_proportional_to_priority_to_the_alpha(capacity
     buffer = PrioritizedReplayBuffer(capacity=capacity, alpha=alpha, warmup=0, seed=7, stratified=stratified)
     ref = ReferencePER(capacity, alpha)
     run_ops(buffer, ref, [("add", 1), *ops])
-    np.testing.assert_allclose(buffer.priorities(), ref.leaf[: ref.size], rtol=1e-12)
-    np.testing.assert_array_equal(buffer.generations[: ref.size], ref.gen[: ref.size])
+    np.testing.assert_allclose(buffer.draws.priorities(), ref.leaf[: ref.size], rtol=1e-12)
+    np.testing.assert_array_equal(buffer.draws.generations[: ref.size], ref.gen[: ref.size])
 
     counts = np.zeros(capacity)
     for _ in range(80):  # 80 batches of up to 500: 40k draws for the larger buffers
@@ -317,18 +317,18 @@ def test_importance_weights_equal_a_direct_computation(capacity, alpha, beta, op
 def test_beta_anneals_on_the_learner_clock_and_on_the_env_clock() -> None:
     learner = PrioritizedReplayBuffer(capacity=100, beta=LinearSchedule(0.4, 1.0, 10), warmup=0)
     learner.add(transitions(20))
-    assert learner.beta == pytest.approx(0.4)
+    assert learner.draws.beta == pytest.approx(0.4)
     for _ in range(5):
         learner.sample(4)
-    assert learner.beta == pytest.approx(0.7)
+    assert learner.draws.beta == pytest.approx(0.7)
     for _ in range(20):
         learner.sample(4)
-    assert learner.beta == pytest.approx(1.0)
+    assert learner.draws.beta == pytest.approx(1.0)
 
     env = PrioritizedReplayBuffer(capacity=100, beta=LinearSchedule(0.5, 1.0, 100), beta_clock="env", warmup=0)
     env.add(transitions(50))
     env.sample(4)
-    assert env.beta == pytest.approx(0.75)
+    assert env.draws.beta == pytest.approx(0.75)
 
 
 def test_weights_use_the_beta_of_the_schedule_at_sampling_time() -> None:
@@ -337,7 +337,7 @@ def test_weights_use_the_beta_of_the_schedule_at_sampling_time() -> None:
     buffer.update_priorities(np.arange(10), np.arange(1, 11, dtype=float))
     assert (buffer.sample(10)["weights"] == 1.0).all()  # beta 0 at step 0
     second = buffer.sample(10)  # beta 1
-    leaves = buffer.priorities(second["indices"])
+    leaves = buffer.draws.priorities(second["indices"])
     np.testing.assert_allclose(second["weights"], leaves.min() / leaves, rtol=1e-6)
 
 
@@ -347,18 +347,18 @@ def test_new_items_get_the_max_priority_currently_stored_not_a_historical_max() 
     buffer.add(transitions(4))
     buffer.update_priorities(np.arange(4), np.array([100.0, 2.0, 3.0, 1.0]))
     buffer.add(transitions(1, 4))  # overwrites slot 0, the one holding 100: max among the rest is 3
-    assert buffer.priorities()[0] == pytest.approx(3.0 + EPS)
+    assert buffer.draws.priorities()[0] == pytest.approx(3.0 + EPS)
     buffer.update_priorities([0, 1, 2, 3], [0.5, 0.5, 0.5, 0.5])
     buffer.add(transitions(2, 5))
-    np.testing.assert_allclose(buffer.priorities(), [0.5 + EPS] * 4)
+    np.testing.assert_allclose(buffer.draws.priorities(), [0.5 + EPS] * 4)
 
 
 def test_an_empty_buffer_starts_new_items_at_priority_one() -> None:
     buffer = PrioritizedReplayBuffer(capacity=8, alpha=0.6, warmup=0)
     buffer.add(transitions(3))
-    np.testing.assert_array_equal(buffer.priorities(), [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(buffer.draws.priorities(), [1.0, 1.0, 1.0])
     buffer.add(transitions(20))  # more rows than capacity: nothing older survives
-    np.testing.assert_array_equal(buffer.priorities(), np.ones(8))
+    np.testing.assert_array_equal(buffer.draws.priorities(), np.ones(8))
 
 
 def test_a_stale_update_does_not_change_the_new_items_priority() -> None:
@@ -366,12 +366,12 @@ def test_a_stale_update_does_not_change_the_new_items_priority() -> None:
     buffer.add(transitions(8))
     batch = buffer.sample(8)
     buffer.add(transitions(3, 8))  # overwrites slots 0, 1, 2
-    before = buffer.priorities()
+    before = buffer.draws.priorities()
     stale = batch.update_priorities(np.full(8, 50.0))
     overwritten = np.isin(batch["indices"], [0, 1, 2])
     assert stale == overwritten.sum() > 0
-    assert buffer.stale_updates == stale
-    after = buffer.priorities()
+    assert buffer.draws.stale_updates == stale
+    after = buffer.draws.priorities()
     np.testing.assert_array_equal(after[[0, 1, 2]], before[[0, 1, 2]])
     fresh = np.unique(batch["indices"][~overwritten])
     np.testing.assert_allclose(after[fresh], 50.0 + EPS)
@@ -379,7 +379,7 @@ def test_a_stale_update_does_not_change_the_new_items_priority() -> None:
 
 # ---------------------------------------------------------------------- bad input
 def snapshot(buffer: PrioritizedReplayBuffer) -> tuple[np.ndarray, ...]:
-    return buffer.tree.sums.copy(), buffer.tree.maxes.copy(), buffer.generations.copy()
+    return buffer.draws.tree.sums.copy(), buffer.draws.tree.maxes.copy(), buffer.draws.generations.copy()
 
 
 @pytest.mark.parametrize(
@@ -450,10 +450,10 @@ def test_batch_feedback_survives_to_torch_to_device_and_rows() -> None:
     batch = buffer.sample(6)
     sub = batch.to_torch().rows(torch.tensor([True, False, True, False, False, False]))
     sub.update_priorities(np.array([[7.0], [9.0]]))
-    np.testing.assert_allclose(buffer.priorities(batch["indices"][[0, 2]]), [7.0 + EPS, 9.0 + EPS])
+    np.testing.assert_allclose(buffer.draws.priorities(batch["indices"][[0, 2]]), [7.0 + EPS, 9.0 + EPS])
     half = buffer.sample(6).to_torch().to("cpu").rows(slice(0, 3))
     half.update_priorities(torch.full((3,), 2.0, dtype=torch.bfloat16))
-    np.testing.assert_allclose(buffer.priorities(half.indices.numpy()), 2.0 + EPS)
+    np.testing.assert_allclose(buffer.draws.priorities(half.indices.numpy()), 2.0 + EPS)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -462,7 +462,7 @@ def test_td_errors_on_the_gpu_are_accepted() -> None:
     buffer.add(transitions(32))
     batch = buffer.sample(8).to_torch().to("cuda")
     batch.update_priorities(torch.full((8,), 3.0, device="cuda"))
-    np.testing.assert_allclose(buffer.priorities(batch.indices.cpu().numpy()), 3.0 + EPS)
+    np.testing.assert_allclose(buffer.draws.priorities(batch.indices.cpu().numpy()), 3.0 + EPS)
 
 
 def test_a_uniform_batch_has_no_priorities_to_update() -> None:
@@ -513,9 +513,9 @@ def test_priorities_flow_back_from_training_step_through_lightning() -> None:
         enable_model_summary=False,
     )
     trainer.fit(module, train_dataloaders=to_dataloader(sampler, steps_per_epoch=3))
-    assert buffer.applied_updates + buffer.stale_updates == 6 * 16
+    assert buffer.draws.applied_updates + buffer.draws.stale_updates == 6 * 16
     assert len(module.seen_weights) == 6
-    assert not np.allclose(buffer.priorities(), 1.0)
+    assert not np.allclose(buffer.draws.priorities(), 1.0)
 
 
 # ---------------------------------------------------------------------- state
@@ -534,11 +534,11 @@ def test_state_round_trip_restores_priorities_generations_and_rng() -> None:
 
     restored = PrioritizedReplayBuffer(capacity=50, alpha=0.7, beta=LinearSchedule(0.4, 1.0, 100), warmup=0, seed=99)
     restored.load_state_dict(state)
-    np.testing.assert_array_equal(restored.priorities(), buffer.priorities())
-    np.testing.assert_array_equal(restored.generations, buffer.generations)
-    np.testing.assert_array_equal(restored.tree.sums, buffer.tree.sums)
-    np.testing.assert_array_equal(restored.tree.maxes, buffer.tree.maxes)
-    assert restored.stale_updates == buffer.stale_updates and restored.beta == buffer.beta
+    np.testing.assert_array_equal(restored.draws.priorities(), buffer.draws.priorities())
+    np.testing.assert_array_equal(restored.draws.generations, buffer.draws.generations)
+    np.testing.assert_array_equal(restored.draws.tree.sums, buffer.draws.tree.sums)
+    np.testing.assert_array_equal(restored.draws.tree.maxes, buffer.draws.tree.maxes)
+    assert restored.draws.stale_updates == buffer.draws.stale_updates and restored.draws.beta == buffer.draws.beta
     for _ in range(3):
         a, b = buffer.sample(16), restored.sample(16)
         np.testing.assert_array_equal(a["indices"], b["indices"])
@@ -549,7 +549,7 @@ def test_state_round_trip_restores_priorities_generations_and_rng() -> None:
         b.update_priorities(td)
     # the next insert lands on the same slot with the same stamp and priority
     np.testing.assert_array_equal(buffer.add(transitions(2, 500)), restored.add(transitions(2, 500)))
-    np.testing.assert_array_equal(restored.priorities(), buffer.priorities())
+    np.testing.assert_array_equal(restored.draws.priorities(), buffer.draws.priorities())
 
 
 def test_loading_a_state_with_another_alpha_raises() -> None:

@@ -43,7 +43,7 @@ def test_every_stored_transition_comes_once_per_pass(capacity, added, batch_size
         seen = np.concatenate(batches)
         np.testing.assert_array_equal(np.sort(seen), stored)
         orders.append(seen)
-    assert buffer.passes.passes == passes
+    assert buffer.draws.passes.passes == passes
     if len(buffer) >= 8 and passes > 1:
         assert not np.array_equal(orders[0], orders[1]), "each pass is shuffled anew"
 
@@ -108,7 +108,8 @@ def test_state_round_trip_mid_pass_gives_the_same_remaining_batches() -> None:
 def test_default_buffer_state_is_unchanged_by_the_new_mode() -> None:
     buffer = ReplayBuffer(capacity=8, warmup=0)
     buffer.add(transitions(4))
-    assert set(buffer.state_dict()) == {"storage", "rng", "credit", "state_version"}
+    state = buffer.state_dict()
+    assert set(state) == {"storage", "rng", "credit", "draws", "state_version"} and state["draws"] == {}
 
 
 def test_prioritized_and_sequence_buffers_do_not_offer_passes() -> None:

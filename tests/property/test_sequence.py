@@ -127,9 +127,9 @@ def test_windows_never_cross_episode_ends_or_the_write_head(layout) -> None:
         buffer.add(as_batch(chunk, flip))
         added += chunk
         stored = {r["order"] for r in added[-capacity:]}
-        starts = buffer.storage.fields["order"][np.flatnonzero(buffer.tree.leaves[: len(buffer)] > 0)]
+        starts = buffer.storage.fields["order"][np.flatnonzero(buffer.draws.tree.leaves[: len(buffer)] > 0)]
         assert set(starts.tolist()) == reference_starts(added, stored, length, pad_end)
-    if buffer.num_windows:
+    if buffer.draws.num_windows:
         check_windows(buffer.sample(64), rows, stored, length, burn_in, pad_end)
 
 
@@ -195,8 +195,8 @@ def env_rows(num_envs: int, steps: int, episode_length: int, start: int = 0) -> 
 def test_uniform_windows_are_drawn_uniformly_over_the_window_starts() -> None:
     buffer = SequenceReplayBuffer(capacity=400, length=4, warmup=0, seed=0, stratified=False)
     buffer.add(env_rows(3, 60, 10))
-    starts = np.flatnonzero(buffer.tree.leaves > 0)
-    assert len(starts) == buffer.num_windows == 3 * 6 * 7  # 6 episodes of 10 per env, 7 starts each
+    starts = np.flatnonzero(buffer.draws.tree.leaves > 0)
+    assert len(starts) == buffer.draws.num_windows == 3 * 6 * 7  # 6 episodes of 10 per env, 7 starts each
     counts = np.zeros(400)
     for _ in range(100):
         np.add.at(counts, buffer.sample(256)["indices"], 1)
@@ -211,7 +211,7 @@ def test_uniform_windows_are_drawn_uniformly_over_the_window_starts() -> None:
 def test_prioritized_windows_follow_the_priority_of_their_start() -> None:
     buffer = SequenceReplayBuffer(capacity=300, length=5, prioritized=True, alpha=0.5, beta=1.0, warmup=0, seed=0)
     buffer.add(env_rows(2, 100, 25))
-    starts = np.flatnonzero(buffer.tree.leaves > 0)
+    starts = np.flatnonzero(buffer.draws.tree.leaves > 0)
     priorities = np.random.default_rng(0).random(len(starts)) * 10
     buffer.update_priorities(starts, priorities)
     leaves = np.zeros(300)
@@ -232,14 +232,14 @@ def test_sequence_priority_feedback_and_stale_windows() -> None:
     batch = buffer.sample(8).to_torch().to("cpu")
     assert batch.obs.shape == (8, 5, 1) and batch.mask.dtype == torch.bool
     assert batch.update_priorities(torch.arange(8, dtype=torch.float32)) == 0
-    np.testing.assert_allclose(buffer.priorities(batch.indices.numpy()[-1:]), 7.0 + EPS)
+    np.testing.assert_allclose(buffer.draws.draws.priorities(batch.indices.numpy()[-1:]), 7.0 + EPS)
     batch = buffer.sample(8)
     buffer.add(env_rows(2, 15, 7, start=20))  # overwrites the oldest 25 slots (and some sampled starts)
-    before = buffer.tree.sums.copy()
-    gone = buffer.generations[batch["indices"]] != batch["generations"]
+    before = buffer.draws.tree.sums.copy()
+    gone = buffer.draws.generations[batch["indices"]] != batch["generations"]
     assert batch.update_priorities(np.full(8, 3.0)) == gone.sum()
     np.testing.assert_array_equal(
-        buffer.tree.get(batch["indices"][gone]), before[buffer.tree.width + batch["indices"][gone]]
+        buffer.draws.tree.get(batch["indices"][gone]), before[buffer.draws.tree.width + batch["indices"][gone]]
     )
     with pytest.raises(ValueError, match=r"shape \[B\]"):
         batch.update_priorities(np.ones((8, 5)))
@@ -248,10 +248,10 @@ def test_sequence_priority_feedback_and_stale_windows() -> None:
 def test_updates_for_slots_that_are_no_window_start_raise_and_change_nothing() -> None:
     buffer = SequenceReplayBuffer(capacity=40, length=4, prioritized=True, warmup=0)
     buffer.add(env_rows(1, 10, 10))  # one finished episode of 10 steps: window starts at steps 0..6
-    before = buffer.tree.sums.copy()
+    before = buffer.draws.tree.sums.copy()
     with pytest.raises(ValueError, match="not window starts"):
         buffer.update_priorities([0, 8], [1.0, 1.0])
-    np.testing.assert_array_equal(before, buffer.tree.sums)
+    np.testing.assert_array_equal(before, buffer.draws.tree.sums)
 
 
 def test_uniform_mode_has_no_priorities_to_update() -> None:
@@ -331,8 +331,8 @@ def test_state_round_trip_gives_identical_windows() -> None:
     blob.seek(0)
     restored = SequenceReplayBuffer(capacity=120, length=5, burn_in=3, prioritized=True, alpha=0.7, warmup=0, seed=0)
     restored.load_state_dict(torch.load(blob, weights_only=True))
-    np.testing.assert_array_equal(restored.tree.sums, buffer.tree.sums)
-    np.testing.assert_array_equal(restored.generations, buffer.generations)
+    np.testing.assert_array_equal(restored.draws.tree.sums, buffer.draws.tree.sums)
+    np.testing.assert_array_equal(restored.draws.generations, buffer.draws.generations)
     for _ in range(3):
         a, b = buffer.sample(16), restored.sample(16)
         for name in ("indices", "generations", "weights", "mask", "obs"):
@@ -345,5 +345,5 @@ def test_after_a_restore_new_steps_do_not_join_the_episodes_in_flight() -> None:
     restored = SequenceReplayBuffer(capacity=100, length=3, warmup=0, seed=0)
     restored.load_state_dict(buffer.state_dict())
     slots = restored.add(env_rows(2, 4, 100, start=5))
-    assert (restored.prev_slot[slots[:2]] == slots[:2]).all()  # first new step of each env: no predecessor
-    np.testing.assert_array_equal(restored.prev_slot[slots[2:]], slots[:-2])
+    assert (restored.draws.prev_slot[slots[:2]] == slots[:2]).all()  # first new step of each env: no predecessor
+    np.testing.assert_array_equal(restored.draws.prev_slot[slots[2:]], slots[:-2])

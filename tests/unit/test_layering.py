@@ -4,8 +4,8 @@ A class whose behaviour is spread over a chain of its own base classes shares on
 them: each layer reads attributes another sets, and none can be read or tested alone (``FrameStorage`` was
 ``FramePool`` <- ``FrameLinks`` <- ... <- ``FrameCheckpoint`` <- ``FrameStorage``, eight levels). Parts
 with narrow interfaces, owned by the class that uses them, are the rule (docs/design/layering.md); a base
-class of one's own (``Stage``) and a specialisation or two of it (``PrioritizedReplayBuffer`` <-
-``IndexedReplayBuffer`` <- ``ReplayBuffer`` <- ``Stage``) stay within the limit. Bases from outside
+class of one's own (``Stage``) and a specialisation or two of it (``AsyncSource`` <- ``RemoteSource`` <-
+``Stage``) stay within the limit. Bases from outside
 ``ptl_rl`` (``Protocol``, ``dict``, Lightning's ``Callback``) are not counted.
 """
 

@@ -94,7 +94,7 @@ def test_state_dict_round_trip_into_a_fresh_and_the_same_storage(tmp_path):
     restored.load_state_dict(state)
     assert_same(restored, buffer)
     assert isinstance(restored.storage.fields["reward"], np.memmap)
-    np.testing.assert_array_equal(restored.priorities(), buffer.priorities())
+    np.testing.assert_array_equal(restored.draws.priorities(), buffer.draws.priorities())
     buffer.load_state_dict(state)  # into itself: its own files are reused
     assert_same(restored, buffer)
     buffer.load_state_dict(buffer.state_dict())  # its own views (no copy in between): the files stay valid

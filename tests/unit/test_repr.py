@@ -79,12 +79,12 @@ def test_prioritized_and_sequence_buffers_show_their_own_counters():
     next(prioritized)
     shown = counters(repr(prioritized), "PrioritizedReplayBuffer")
     assert shown["size"] == f"{len(prioritized)}/200" and shown["alpha"] == "0.5"
-    assert float(shown["beta"]) == pytest.approx(prioritized.beta, abs=1e-5) and float(shown["beta"]) > 0.4
+    assert float(shown["beta"]) == pytest.approx(prioritized.draws.beta, abs=1e-5) and float(shown["beta"]) > 0.4
 
     sequence = ptl_rl.SequenceReplayBuffer(cartpole_source(2), capacity=200, length=4, burn_in=2, warmup=40)
     next(sequence)
     shown = counters(repr(sequence), "SequenceReplayBuffer")
-    assert shown["windows"] == str(sequence.num_windows) and sequence.num_windows > 0
+    assert shown["windows"] == str(sequence.draws.num_windows) and sequence.draws.num_windows > 0
     assert (shown["length"], shown["burn_in"], shown["prioritized"]) == ("4", "2", "False")
 
 

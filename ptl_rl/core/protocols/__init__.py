@@ -18,6 +18,10 @@ that has a capability's members is treated as having it.
   :class:`RollbackStorage`, :class:`JournaledStorage`,
   :class:`PartlySampleableStorage`, :class:`StreamBoundStorage`,
   :class:`PartsStorage`.
+* A **draw strategy** (:class:`DrawStrategy`) is what decides which rows a
+  :class:`~ptl_rl.replay.ReplayBuffer`'s batches hold (``draws=``). Optional:
+  :class:`PriorityDrawStrategy`, :class:`EpisodeDrawStrategy`,
+  :class:`EpochDrawStrategy`.
 * An **agent** (:class:`Agent`) is a callable from observations to actions.
   Optional: :class:`RecurrentAgent`, :class:`EnvStepAware`,
   :class:`RankAware`, :class:`Stateful`, :class:`Critic`.
@@ -27,7 +31,7 @@ This module imports nothing heavy, so a stage of your own can import it
 without pulling torch in.
 
 The protocols live one concept a module (:mod:`~ptl_rl.core.protocols.stages`,
-:mod:`~ptl_rl.core.protocols.storages`, :mod:`~ptl_rl.core.protocols.agents`,
+:mod:`~ptl_rl.core.protocols.storages`, :mod:`~ptl_rl.core.protocols.draws`, :mod:`~ptl_rl.core.protocols.agents`,
 :mod:`~ptl_rl.core.protocols.envs`) and are all importable from here.
 """
 
@@ -42,6 +46,7 @@ from ptl_rl.core.protocols.agents import (
     TransitionCritic,
 )
 from ptl_rl.core.protocols.checks import implements, missing_members
+from ptl_rl.core.protocols.draws import DrawStrategy, EpisodeDrawStrategy, EpochDrawStrategy, PriorityDrawStrategy
 from ptl_rl.core.protocols.envs import Env, EnvLike, VectorEnv
 from ptl_rl.core.protocols.stages import (
     ActingStage,
@@ -72,9 +77,12 @@ __all__ = [
     "ActingStage",
     "Agent",
     "Critic",
+    "DrawStrategy",
     "Env",
     "EnvLike",
     "EnvStepAware",
+    "EpisodeDrawStrategy",
+    "EpochDrawStrategy",
     "EpisodeCounter",
     "JournaledStorage",
     "NStepStream",
@@ -85,6 +93,7 @@ __all__ = [
     "PartsStorage",
     "PerEnvStream",
     "Pipeline",
+    "PriorityDrawStrategy",
     "RankAware",
     "RecurrentActorCriticNet",
     "RecurrentAgent",
