@@ -59,7 +59,7 @@ def test_a_short_her_run_replays_relabeled_goals_and_reports_a_success_rate(monk
     flags += ["--n-sampled-goal", "3", "--goal-strategy", "final"]
     summary = sac.train(sac.parse_args([*GOAL_ENV, *flags, *QUIET]))
     buffer = seen["buffer"]
-    assert (buffer.strategy, buffer.n_sampled_goal) == ("final", 3)
+    assert (buffer.draws.strategy, buffer.draws.n_sampled_goal) == ("final", 3)
     batch = buffer.sample(2_000)
     assert 0.70 < batch.relabeled.mean() < 0.80  # her_ratio = 1 - 1/(3 + 1) = 0.75
     assert summary["success_rate"] in {0.0, 1 / 3, 2 / 3, 1.0}
