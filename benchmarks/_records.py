@@ -31,7 +31,9 @@ Every benchmark run appends one record to ``benchmarks/results/<name>.json``
 
 ``--table`` (every script) prints its table(s) from the records, with no
 measuring: the text ``docs/benchmarks.rst`` carries (and ``README.rst``, for
-the one results table it shows), each row naming the run(s) it comes from;
+the one results table it shows; ``docs/design/robustness.md`` and
+``layering.md``, for the guard's cost and the redesign's before/after table),
+each row naming the run(s) it comes from;
 where several records hold a row, a cell gives the range over them.
 ``--results PATH`` reads and appends another file (a trial run, a test), and
 ``--since DATE`` / ``--last N`` restrict the table to newer or to the latest
@@ -85,9 +87,11 @@ PAGE_TABLES = {
         "guard.py",
     ),
     "README.rst": ("mujoco.py",),
+    "docs/design/robustness.md": ("guard.py",),
+    "docs/design/layering.md": ("before_after.py",),
 }
 # a script whose table has no rows until its first record is committed: checked from then on
-AWAITING_RECORDS = {"guard.py": RESULTS / "guard.json"}
+AWAITING_RECORDS = {"guard.py": RESULTS / "guard.json", "before_after.py": RESULTS / "before_after.json"}
 _OPTIONS = ("table", "results", "since", "last")  # the options added by add_options: not part of a run's config
 
 
@@ -374,7 +378,9 @@ def check(pages: dict[str, Sequence[str]] = PAGE_TABLES, root: Path = ROOT) -> i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--check", action="store_true", help=f"check {BENCHMARKS_PAGE} and README.rst against the scripts' --table"
+        "--check",
+        action="store_true",
+        help=f"check {BENCHMARKS_PAGE}, README.rst and the design pages against the scripts' --table",
     )
     args = parser.parse_args()
     if args.check:
