@@ -21,7 +21,6 @@ from ptl_rl.core.protocols import (
     RollbackStorage,
     Storage,
     StreamBoundStorage,
-    implements,
 )
 from ptl_rl.core.protocols.draws import (
     DrawStrategy,
@@ -32,6 +31,7 @@ from ptl_rl.core.protocols.draws import (
 from ptl_rl.core.ranks import rank_seed
 from ptl_rl.core.stage import Stage
 from ptl_rl.core.versions import check_version, versioned
+from ptl_rl.replay.draws import UniformDraws
 from ptl_rl.replay.parts import checked_draws, checked_storage
 from ptl_rl.replay.storage import ArrayStorage
 
@@ -148,14 +148,28 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
         self._credit = 0  # transitions collected but not yet spent on a yield
         self._added = 0  # transitions added by this stage's pulls (its clock's items)
         self._counted = 0
-        # adds are writes of the guard: one cut short is written again in full before the next read or write
-        self._journal = WriteJournal(self._save_written, self._restore_written)
         self._self_journaled = isinstance(self.storage, JournaledStorage)
         self.draws: DrawStrategy = checked_draws(draws, replacement)
         # what the strategy can do beyond the DrawStrategy protocol, looked up once (ptl_rl.core.protocols.draws)
         self._episodic = isinstance(self.draws, EpisodeDrawStrategy)
         self._takes_priorities = isinstance(self.draws, PriorityDrawStrategy)
         self.draws.bind(self.storage, upstream)
+        # adds are writes of the guard: one cut short is written again in full before the next read or write
+        self._storage_save: Callable[[], Any]
+        self._restore_storage: Callable[[Any], None]
+        if isinstance(self.storage, RollbackStorage):  # (an ArrayStorage's: its counters and first allocation)
+            self._storage_save, self._restore_storage = self.storage.snapshot, self.storage.restore
+        else:  # rows are rewritten in full: the counters suffice
+            self._storage_save, self._restore_storage = self._counters, self._put_counters
+        # the write the journal holds: a storage that journals its own adds writes without its own journal here
+        self._storage_write: Callable[[TransitionBatch], np.ndarray] = (
+            cast(JournaledStorage[Any], self.storage).write if self._self_journaled else self.storage.add
+        )
+        self._uniform = type(self.draws) is UniformDraws  # keeps nothing per add: an add is the storage's write
+        if self._uniform:
+            self._journal = WriteJournal(self._storage_save, self._restore_storage)
+        else:
+            self._journal = WriteJournal(self._save_written, self._restore_written)
         # the calls of every add, bound once (an add of 8 rows takes ~7 us; looking these up each time cost ~5 %)
         self._draws_check, self._draws_added, self._draws_snapshot = (
             self.draws.check,
@@ -241,6 +255,8 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
         is refused before anything is written: the buffer stays as it was, and so
         is one the strategy refuses (a field it needs is missing).
         """
+        if self._uniform:  # the default strategy adds nothing to the storage's write
+            return self._journal.write(self._storage_write, batch)
         self._draws_check(batch)
         if self._episodic and len(batch) > self.capacity:  # it sees every row: add the batch in ring-sized chunks
             chunks = [self.add(batch.rows(slice(lo, lo + self.capacity))) for lo in range(0, len(batch), self.capacity)]
@@ -251,7 +267,7 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
     def _store(self, batch: TransitionBatch) -> np.ndarray:
         """The write of one add: the rows, then what the strategy keeps per slot. Redone whole after a cut."""
         old_size = self.storage.size
-        slots = self.storage.add(batch)
+        slots = self._storage_write(batch)
         if len(slots):
             self._draws_added(slots, old_size, batch, self._advance)
         return slots
@@ -265,12 +281,21 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
     def _save_written(self) -> tuple[object, object]:
         """What an add changes besides whole rows: the storage's counters (all its bookkeeping, if it says so),
         and the strategy's snapshot."""
-        return storage_snapshot(self.storage), self._draws_snapshot()
+        return self._storage_save(), self._draws_snapshot()
 
     def _restore_written(self, saved: tuple[object, object]) -> None:
         storage, draws = saved
-        restore_storage(self.storage, storage)
+        self._restore_storage(storage)
         self.draws.restore(draws)
+
+    def _counters(self) -> tuple[int, int, int]:
+        """What an add changes in a storage whose rows are rewritten in full (an ArrayStorage): its counters."""
+        storage = self.storage
+        return storage.cursor, storage.size, storage.total_added
+
+    def _put_counters(self, saved: tuple[int, int, int]) -> None:
+        storage = self.storage
+        storage.cursor, storage.size, storage.total_added = saved
 
     def sample(self, batch_size: int) -> TransitionBatch:
         """A batch of ``batch_size`` rows (or windows) drawn by the strategy, as numpy arrays [batch_size, ...].
@@ -364,24 +389,3 @@ class ReplayBuffer(Stage["ReplayBuffer"]):
         and the chain upstream."""
         counters = {"size": f"{len(self)}/{self.capacity}", "warmup": self.warmup, **self.draws.counters()}
         return stage_repr(self, **counters, transitions_per_yield=self.transitions_per_yield)
-
-
-def storage_snapshot(storage: Any) -> Any:
-    """What an add may change in ``storage`` and an interrupted add must roll back, taken before the add.
-
-    A :class:`~ptl_rl.core.protocols.RollbackStorage` (a :class:`~ptl_rl.replay.FrameStorage`:
-    its counters and per-env bookkeeping) gives its own; for any other (an
-    :class:`~ptl_rl.replay.ArrayStorage`, whose rows are rewritten in full) the
-    three counters suffice.
-    """
-    if implements(storage, RollbackStorage):
-        return storage.snapshot()
-    return (storage.cursor, storage.size, storage.total_added)
-
-
-def restore_storage(storage: Any, snapshot: Any) -> None:
-    """Roll ``storage`` back to ``snapshot`` (from :func:`storage_snapshot`) before writing the same batch again."""
-    if implements(storage, RollbackStorage):
-        storage.restore(snapshot)
-    else:
-        storage.cursor, storage.size, storage.total_added = snapshot

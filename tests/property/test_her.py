@@ -373,7 +373,7 @@ def test_add_interrupted_anywhere_is_completed_or_undone(target, then):
         probe.add(batch)
     injector.run(lambda: probe.add(batches[wrap]))
     lines = injector.counts["target"]
-    assert lines > 10
+    assert lines >= 8  # (in buffer.py only the add and its write run: the rest is in the other targets)
     outcomes = {"done": _state(clean), "undone": _state(never_called)}
     seen = []
     for k in range(1, lines + 1):

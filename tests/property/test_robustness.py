@@ -782,7 +782,7 @@ def test_sequence_add_interrupted_anywhere_is_redone_in_full(target, prioritized
         reference.add(batch)
     injector.run(lambda: reference.add(batches[wrap]))
     lines = injector.counts["target"]
-    assert lines > 10
+    assert lines >= 8  # (the add and its write in buffer.py; the linking and the storage write in their modules)
     # an interrupt before the add has recorded anything leaves it undone, as if it had never been called
     never_called = build()
     for batch in batches[:wrap] + batches[wrap + 1 :]:

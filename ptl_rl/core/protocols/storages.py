@@ -71,10 +71,15 @@ class JournaledStorage(Protocol[SnapshotT]):
     before every read. Under a buffer the buffer's journal records the add as
     for any :class:`RollbackStorage`: ``snapshot()`` first finishes an add of
     the storage's own that a cut left, and ``restore()`` drops one, so the
-    buffer's redo stores the batch once. Generic in the snapshot's type, as :class:`RollbackStorage`.
+    buffer's redo stores the batch once. The buffer's journal then calls
+    ``write(batch)``: the add without the storage's own journal (returns the
+    slots, int64 [B]; one journal per add is enough). Generic in the
+    snapshot's type, as :class:`RollbackStorage`.
     """
 
     def settle(self) -> None: ...
+
+    def write(self, batch: TransitionBatch) -> np.ndarray: ...
 
     def snapshot(self) -> SnapshotT: ...
 

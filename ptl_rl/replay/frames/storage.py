@@ -1,6 +1,5 @@
 """FrameStorage, the facade: it owns its parts (frame pool, links, per-env table, stream numbers, the inserts)
 and its journal, and is the storage API (``add``, ``gather``, counters, state).
-
 How the frames are stored is the package's docstring (:mod:`ptl_rl.replay.frames`).
 """
 
@@ -249,6 +248,10 @@ class FrameStorage:
         check runs before the first write, and the batch is not done again.
         """
         return self._journal.write(self._writer, batch)  # (the compiled insert, or the Python path)
+
+    def write(self, batch: TransitionBatch) -> np.ndarray:
+        """:meth:`add` without its own journal, for a caller whose journal holds the add (slots int64 [B])."""
+        return self._writer(batch)
 
     def _python_write(self, batch: TransitionBatch) -> np.ndarray:
         slots = self._python.add(batch, self.n_step or 1, self.trusted)
