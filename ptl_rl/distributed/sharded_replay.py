@@ -1,0 +1,307 @@
+"""ShardedReplay: the learner's side of a sharded replay, a stage a BatchSampler draws from as from one buffer.
+
+::
+
+    ReplayShards(factory, K)  <- ShardWriter.add (collectors, directly)
+            |
+    ShardedReplay(shards) -> BatchSampler -> to_dataloader      (unchanged)
+
+Batches are distributed exactly as from one buffer holding every shard's rows
+(:mod:`ptl_rl.distributed.shard_sampling`); the next requests are kept in
+flight (``prefetch``) so a training step rarely waits on the shards; priorities
+fed back go to the shard holding each row (``shard``, ``indices``,
+``generations``), where a row overwritten since its draw is ignored.
+See ``docs/design/replay-service.md``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any, NamedTuple, cast
+
+import numpy as np
+
+from ptl_rl.core._reprs import stage_repr
+from ptl_rl.core.batch import Numbers, TransitionBatch
+from ptl_rl.core.schedules import Schedule, as_schedule
+from ptl_rl.core.stage import Stage
+from ptl_rl.distributed.replay_shard import SHARD_FIELD, ShardSample, ShardStats
+from ptl_rl.distributed.replay_shards import ReplayShards
+from ptl_rl.distributed.shard_sampling import (
+    ShardedPriorityFeedback,
+    check_priorities,
+    merge_answers,
+    split_counts,
+)
+from ptl_rl.replay.feedback import to_numpy_1d
+
+
+class _Request(NamedTuple):
+    """A batch asked of the shards: its size, the masses it was split by (float64 [K]), one ref per shard."""
+
+    batch_size: int
+    masses: np.ndarray
+    refs: list[Any]
+
+
+class ShardedReplay(Stage["ShardedReplay"]):
+    """Samples batches across the shards of a :class:`~ptl_rl.distributed.ReplayShards`, as one buffer would.
+
+    A stage like a :class:`~ptl_rl.ReplayBuffer`: each ``next()`` yields
+    itself, for a :class:`~ptl_rl.BatchSampler` to call :meth:`sample`, so
+    ``to_dataloader(BatchSampler(ShardedReplay(shards), batch_size))`` and the
+    LightningModule are those of a local buffer.
+
+    Args:
+        shards: the shards to draw from (writers fill them: ``shards.writer()``).
+        upstream: optional stage whose batches this stage writes into the
+            shards itself (through the learner, like a local buffer's pulls:
+            ``transitions_per_yield`` per yield); ``None`` when collectors
+            write to the shards directly.
+        warmup: rows stored over all shards before the first yield.
+        transitions_per_yield: with an upstream, rows written per yield, on average.
+        prefetch: sample requests kept in flight beyond the one being used
+            (0: each batch is asked for when needed). A prefetched batch was
+            drawn before the priorities fed back from the batches before it
+            reached the shards (one step behind per request in flight).
+        beta: importance-sampling exponent (float or schedule); ``None``: the
+            shards' ``PrioritizedDraws`` schedule and clock (``"learner"``:
+            batches this stage drew; ``"env"``: rows added to all shards).
+        seed: seed of the generator that splits batches over the shards.
+        sync_updates: wait for the shards' answer to every priority update, so
+            ``batch.update_priorities`` returns the stale rows it skipped;
+            ``False`` (default) sends and returns 0, and the answers are
+            counted in :attr:`stale_updates` as they arrive.
+        poll_interval: seconds between two looks at the shards' sizes while
+            waiting for ``warmup`` without an upstream.
+
+    A batch holds the stored fields ``[B, ...]`` and ``shard`` (int64 [B]);
+    with a strategy that names its slots also ``indices`` and ``generations``
+    (int64 [B]), and with prioritized shards ``weights`` (float32 [B],
+    ``(N P(i)) ** -beta`` normalised by the batch's largest, over all shards)
+    and ``batch.update_priorities(td_errors)``. Rows come grouped by shard.
+    """
+
+    def __init__(
+        self,
+        shards: ReplayShards,
+        upstream: Iterator[TransitionBatch] | None = None,
+        *,
+        warmup: int = 1_000,
+        transitions_per_yield: int = 1,
+        prefetch: int = 1,
+        beta: float | Schedule | None = None,
+        seed: int | None = None,
+        sync_updates: bool = False,
+        poll_interval: float = 0.01,
+    ) -> None:
+        if warmup < 0 or transitions_per_yield < 1 or prefetch < 0:
+            raise ValueError(
+                f"warmup and prefetch must be >= 0 and transitions_per_yield >= 1; got {warmup}, {prefetch} "
+                f"and {transitions_per_yield}"
+            )
+        super().__init__(upstream)
+        self.shards = shards
+        self._ray = shards._ray
+        self._handles: list[Any] = shards.handles
+        info = shards.info()
+        self.prioritized = info.kind == "prioritized"
+        self.beta_schedule: Schedule | None = as_schedule(beta) if beta is not None else info.beta
+        self.beta_clock = info.beta_clock or "learner"
+        self.warmup = int(warmup)
+        self.transitions_per_yield = int(transitions_per_yield)
+        self.prefetch = int(prefetch)
+        self.sync_updates = bool(sync_updates)
+        self.poll_interval = float(poll_interval)
+        self.rng = np.random.default_rng(seed)
+        self.known: list[ShardStats] = [ShardStats(0, 0.0, 0)] * len(self._handles)
+        self.batches_sampled = 0
+        self.stale_updates = 0  # rows of priority updates the shards ignored (overwritten since the draw)
+        self.applied_updates = 0
+        self._writer = shards.writer() if upstream is not None else None
+        self._warm = False
+        self._credit = 0
+        self._written = self._counted = 0
+        self._pending: deque[_Request] = deque()
+        self._updates: list[tuple[Any, int]] = []  # (ref, rows) of priority updates sent, not yet counted
+
+    # ------------------------------------------------------------------ sizes
+    def __len__(self) -> int:
+        """Rows stored over all shards, as of the shards' last answers."""
+        return sum(stats.size for stats in self.known)
+
+    def refresh(self) -> list[ShardStats]:
+        """Ask every shard for its size and mass now (waits); returns them in shard order."""
+        self.known = self.shards.stats()
+        return self.known
+
+    @property
+    def beta(self) -> float | None:
+        """The importance-sampling exponent now (``None`` for uniform shards)."""
+        if not self.prioritized or self.beta_schedule is None:
+            return None
+        step = self.batches_sampled if self.beta_clock == "learner" else sum(s.total_added for s in self.known)
+        return float(self.beta_schedule(step))
+
+    # ------------------------------------------------------------------ stage
+    def step(self) -> ShardedReplay:
+        """Write ``transitions_per_yield`` rows of the upstream (if any), wait for ``warmup`` rows; yield self."""
+        warming_up = not self._warm
+        if self._writer is not None:
+            while self._credit < self.transitions_per_yield or (
+                not self._warm and self._writer.rows_written < self.warmup
+            ):
+                batch = self.pull()
+                self._writer.add(batch)
+                self._credit += len(batch)
+                self._written += len(batch)
+        if not self._warm:
+            self._wait_for_warmup()
+        if self._writer is not None:
+            if warming_up:
+                self._credit = min(self._credit, self.transitions_per_yield)
+            self._credit -= self.transitions_per_yield
+        return self
+
+    def _wait_for_warmup(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+        while sum(stats.size for stats in self.refresh()) < self.warmup:
+            if self._writer is not None:  # (rows written may have been refused or overwritten)
+                batch = self.pull()
+                self._writer.add(batch)
+                self._writer.flush()
+                self._written += len(batch)
+            else:
+                time.sleep(self.poll_interval)
+        self._warm = True
+
+    def snapshot(self) -> object:
+        return self._credit  # rows written by a step cut short stay written (as a local buffer's adds)
+
+    def restore(self, snapshot: object) -> None:
+        self._credit = int(cast(int, snapshot))
+
+    def count(self, out: object) -> int:
+        """Rows written through this stage since the last count (the clock's items)."""
+        written, self._counted = self._written - self._counted, self._written
+        return written
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, batch_size: int) -> TransitionBatch:
+        """``batch_size`` rows over all shards, each as likely as in one buffer holding them all.
+
+        Fields ``[B, ...]`` as stored, plus ``shard`` (int64 [B]) and, for
+        strategies that name their slots, ``indices``/``generations`` (int64
+        [B]); prioritized: ``weights`` (float32 [B]) and the priority feedback.
+        Raises ``ValueError`` (naming the fix, sending nothing) for a batch
+        larger than the rows stored.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self._count_updates(wait=False)
+        while self._pending and self._pending[0].batch_size != batch_size:
+            self._pending.popleft()  # asked for another batch size: its answers are dropped
+        if not self._pending:
+            self._pending.append(self._request(batch_size))
+        request = self._pending[0]
+        while len(self._pending) < 1 + self.prefetch:  # the next ones go out before this one is awaited
+            self._pending.append(self._request(batch_size))
+        answers: list[ShardSample] = self._ray.get(request.refs)
+        if self._pending and self._pending[0] is request:
+            self._pending.popleft()
+        self.known = [answer.stats for answer in answers]
+        drawn = [(shard, answer) for shard, answer in enumerate(answers) if answer.batch is not None]
+        beta = self.beta
+        batch = merge_answers(drawn, request.masses, beta)
+        self.batches_sampled += 1
+        if beta is not None:
+            feedback = ShardedPriorityFeedback(self, batch[SHARD_FIELD], batch["indices"], batch["generations"])
+            batch.attach_priority_feedback(feedback)
+        return batch
+
+    def _request(self, batch_size: int) -> _Request:
+        """Split a batch over the shards by their last known masses and send every shard its count."""
+        if batch_size > len(self):
+            self.refresh()
+            if batch_size > len(self):
+                raise ValueError(
+                    f"cannot sample a batch of {batch_size} from a sharded replay holding {len(self)} transitions "
+                    f"in {len(self.known)} shards; set ShardedReplay(shards, warmup={batch_size}) or more so "
+                    "sampling starts later, or lower batch_size. Nothing was drawn or changed."
+                )
+        masses = np.array([stats.mass for stats in self.known], dtype=np.float64)
+        counts = split_counts(self.rng, batch_size, masses)
+        # every shard answers, a count of 0 with its stats only: the next split knows every shard's mass
+        refs = [handle.sample.remote(int(count)) for handle, count in zip(self._handles, counts, strict=True)]
+        return _Request(batch_size, masses, refs)
+
+    # ------------------------------------------------------------------ priorities
+    def update_priorities(
+        self, shard: Numbers, indices: Numbers, priorities: Numbers, generations: Numbers | None = None
+    ) -> int:
+        """Send ``priorities`` (float [B], finite, ``>= 0``) of rows ``(shard, indices)`` (int [B]) to their shards.
+
+        Each shard applies them as a local buffer does (``(p + eps) ** alpha``);
+        rows whose ``generations`` (int [B]) no longer match their slot were
+        overwritten since the draw and are skipped there. Bad values raise a
+        ``ValueError`` here, before anything is sent. Returns the stale rows
+        skipped with ``sync_updates``, else 0 (counted in :attr:`stale_updates`
+        once the shards answer; :meth:`flush_updates` waits for them).
+        """
+        if not self.prioritized:
+            raise TypeError(
+                "these shards draw uniformly: they have no priorities to update; build them with a factory "
+                "whose buffer has draws=ptl_rl.PrioritizedDraws(...)"
+            )
+        shards = to_numpy_1d(shard, "shard", np.int64)
+        idx = to_numpy_1d(indices, "indices", np.int64)
+        values = to_numpy_1d(priorities, "priorities", np.float64)
+        gens = None if generations is None else to_numpy_1d(generations, "generations", np.int64)
+        if not (len(shards) == len(idx) == len(values)) or (gens is not None and len(gens) != len(idx)):
+            raise ValueError(
+                f"got {len(shards)} shards, {len(idx)} indices, {len(values)} priorities"
+                + ("" if gens is None else f" and {len(gens)} generations")
+                + "; pass one of each per sampled row, in the batch's order. No shard's priorities changed."
+            )
+        check_priorities(values)
+        if len(shards) and (shards.min() < 0 or shards.max() >= len(self._handles)):
+            raise ValueError(
+                f"shard must be in [0, {len(self._handles)}); got {shards.min()}..{shards.max()}. Pass the "
+                "shard field of a batch sampled from this replay. No shard's priorities changed."
+            )
+        for k in np.unique(shards).tolist():  # a loop over shards, not rows
+            rows = shards == k
+            stamps = None if gens is None else gens[rows]
+            ref = self._handles[k].update_priorities.remote(idx[rows], values[rows], stamps)
+            self._updates.append((ref, int(np.count_nonzero(rows))))
+        return self.flush_updates() if self.sync_updates else 0
+
+    def flush_updates(self) -> int:
+        """Wait for every priority update sent; returns the stale rows they skipped (errors raise here)."""
+        return self._count_updates(wait=True)
+
+    def _count_updates(self, wait: bool) -> int:
+        """Count the answers of the priority updates sent (all of them, waiting, or those already in)."""
+        if not self._updates:
+            return 0
+        if wait:
+            done, self._updates = self._updates, []
+        else:
+            ready, _ = self._ray.wait([ref for ref, _ in self._updates], num_returns=len(self._updates), timeout=0)
+            ready_set = set(ready)
+            done = [update for update in self._updates if update[0] in ready_set]
+            self._updates = [update for update in self._updates if update[0] not in ready_set]
+        stale = int(sum(self._ray.get([ref for ref, _ in done])))  # (a shard's refusal raises here)
+        self.stale_updates += stale
+        self.applied_updates += sum(rows for _, rows in done) - stale
+        return stale
+
+    def __repr__(self) -> str:
+        """``ShardedReplay(shards=K, size=..., warmup=..., [beta=...])`` and the chain upstream."""
+        shown: dict[str, object] = {"shards": len(self._handles), "size": len(self), "warmup": self.warmup}
+        if self.prioritized:
+            shown["beta"] = self.beta
+        return stage_repr(self, **shown)
