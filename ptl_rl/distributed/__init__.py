@@ -10,7 +10,7 @@ from ptl_rl.distributed.async_source import AsyncSource, CollectorError
 from ptl_rl.distributed.callbacks import WeightSync
 from ptl_rl.distributed.common import VERSION_FIELD, Collector, WorkerInfo
 from ptl_rl.distributed.ray_workers import RayWorkers
-from ptl_rl.distributed.replay_shard import ReplayShard, ShardStats
+from ptl_rl.distributed.replay_shard import ReplayShard, ShardInfo, ShardSample, ShardStats
 from ptl_rl.distributed.replay_shards import ReplayShards
 from ptl_rl.distributed.shard_writer import ShardWriter, shard_of
 from ptl_rl.distributed.sharded_replay import ShardedReplay
@@ -23,6 +23,8 @@ __all__ = [
     "RayWorkers",
     "ReplayShard",
     "ReplayShards",
+    "ShardInfo",
+    "ShardSample",
     "ShardStats",
     "ShardWriter",
     "ShardedReplay",

@@ -306,3 +306,32 @@ def test_a_shard_in_process_draws_more_rows_than_it_holds_with_their_mass() -> N
         shard.add(TransitionBatch(obs=np.zeros((1, 1)), env_id=np.zeros(1, dtype=np.int64), shard=np.zeros(1)))
     with pytest.raises(TypeError, match="must return a ptl_rl.ReplayBuffer"):
         ReplayShard(dict)  # type: ignore[arg-type]
+
+
+def window_buffer() -> ReplayBuffer:
+    return ReplayBuffer(capacity=64, draws=ptl_rl.SequenceWindows(length=3, draws=PrioritizedDraws(alpha=1.0)))
+
+
+def test_a_shard_of_sequence_windows_answers_windows_of_one_env_with_their_start_mass() -> None:
+    """Any strategy that draws through a WeightedSlots plugs in: here windows, drawn by priority of their start."""
+    shard = ReplayShard(window_buffer, shard=1, seed=0)
+    steps = np.arange(12)
+    env_id = np.array([1, 4], dtype=np.int64)  # two envs of shard 1 (of 3), interleaved as a vector env writes
+    for step in steps:
+        done = np.full(2, step % 6 == 5)
+        shard.add(
+            TransitionBatch(
+                obs=np.stack([env_id * 100.0 + step], axis=1).astype(np.float32),
+                env_id=env_id,
+                terminated=done,
+                truncated=np.zeros(2, bool),
+                reward=np.zeros(2, np.float32),
+            )
+        )
+    stats = shard.stats()
+    assert stats.size == 24 and stats.mass == 16.0  # 4 starts per 6-step episode, 4 episodes, weight 1 each
+    answer = shard.sample(40)
+    assert answer.batch is not None and answer.batch.obs.shape == (40, 3, 1)
+    obs = answer.batch.obs[..., 0]
+    assert (np.diff(obs, axis=1) == 1).all()  # consecutive steps of one env's episode
+    np.testing.assert_array_equal(answer.row_mass, np.ones(40))
