@@ -9,6 +9,7 @@ stage or the shards start (``pip install ptl_rl[ray]``). See ``docs/design/scale
 from ptl_rl.distributed.async_source import AsyncSource, CollectorError
 from ptl_rl.distributed.callbacks import WeightSync
 from ptl_rl.distributed.common import VERSION_FIELD, Collector, WorkerInfo
+from ptl_rl.distributed.rate_limit import RateLimit
 from ptl_rl.distributed.ray_workers import RayWorkers
 from ptl_rl.distributed.replay_shard import ReplayShard, ShardInfo, ShardSample, ShardStats
 from ptl_rl.distributed.replay_shards import ReplayShards
@@ -20,6 +21,7 @@ __all__ = [
     "AsyncSource",
     "Collector",
     "CollectorError",
+    "RateLimit",
     "RayWorkers",
     "ReplayShard",
     "ReplayShards",

@@ -124,8 +124,12 @@ class ReplayShard:
         mass = float(size) if self.weighted is None else self.weighted.tree.total
         return ShardStats(size, mass, int(buffer.storage.total_added))
 
-    def add(self, batch: TransitionBatch) -> ShardStats:
-        """Store ``batch`` (``B`` rows, fields ``[B, ...]``) in this shard; returns the shard's stats after it."""
+    def add(self, batch: TransitionBatch, grant: int | None = None) -> ShardStats:
+        """Store ``batch`` (``B`` rows, fields ``[B, ...]``) in this shard; returns the shard's stats after it.
+
+        ``grant``: the rate limiter's answer to this insert (a Ray object ref
+        when sent, resolved before the call runs: the call waits for it).
+        """
         if SHARD_FIELD in batch:
             raise ValueError(
                 f"field {SHARD_FIELD!r} is added to batches sampled from a sharded replay and cannot be stored; "
@@ -134,8 +138,10 @@ class ReplayShard:
         self.buffer.add(batch)
         return self.stats()
 
-    def sample(self, count: int) -> ShardSample:
+    def sample(self, count: int, grant: int | None = None) -> ShardSample:
         """``count`` rows drawn as the buffer draws them, with their draw weights and the shard's stats.
+
+        ``grant``: the rate limiter's answer to the whole batch's sample (as for :meth:`add`).
 
         With replacement, like the local buffer; a ``count`` larger than the
         rows stored is drawn in independent draws of at most ``len(buffer)``

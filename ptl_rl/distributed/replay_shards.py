@@ -18,17 +18,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from ptl_rl.distributed.common import factory_name
+from ptl_rl.distributed.rate_limit import RateLimit, RateLimiter
 from ptl_rl.distributed.replay_shard import BufferFactory, ReplayShard, ShardInfo, ShardStats
 from ptl_rl.distributed.shard_writer import ShardWriter, ray_module
 
-_ACTOR_CLASS: Any = None
+_ACTOR_CLASSES: dict[type, Any] = {}
 
 
-def _actor_class(ray: Any) -> Any:
-    global _ACTOR_CLASS  # noqa: PLW0603 - one remote class per process, made when Ray is first needed
-    if _ACTOR_CLASS is None:
-        _ACTOR_CLASS = ray.remote(ReplayShard)
-    return _ACTOR_CLASS
+def _actor_class(ray: Any, body: type) -> Any:
+    """One remote class per body per process, made when Ray is first needed."""
+    if body not in _ACTOR_CLASSES:
+        _ACTOR_CLASSES[body] = ray.remote(body)
+    return _ACTOR_CLASSES[body]
 
 
 class ReplayShards:
@@ -47,6 +48,11 @@ class ReplayShards:
             ``{"num_cpus": 0}``: a shard mostly waits, so it reserves no CPU
             from the collectors (as RLlib's replay actors); give
             ``{"resources": ...}`` or a scheduling strategy to place shards.
+        rate_limit: a :class:`~ptl_rl.distributed.RateLimit` over the rows of
+            all shards (Reverb's ``MinSize`` or ``SampleToInsertRatio``), kept
+            by one more actor (:attr:`limiter`): writers' adds wait in Ray until
+            their rows may be written, the learner's samples until their rows
+            may be drawn. ``None``: no limit (the learner's ``warmup`` only).
 
     Ray must be initialised. The actors start at once; their first answer
     waits until each has imported ptl_rl.
@@ -59,6 +65,7 @@ class ReplayShards:
         *,
         seed: int | None = None,
         actor_options: Mapping[str, object] | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> None:
         if not callable(factory):
             raise TypeError(f"factory must be callable as factory() -> ReplayBuffer, got {type(factory).__name__}")
@@ -74,15 +81,19 @@ class ReplayShards:
         self.num_shards = int(num_shards)
         self.seed = seed
         self.actor_options = dict(actor_options or {"num_cpus": 0})
-        cls = _actor_class(ray).options(**self.actor_options)
+        cls = _actor_class(ray, ReplayShard).options(**self.actor_options)
         self.handles: list[Any] = [cls.remote(factory, shard, seed) for shard in range(self.num_shards)]
+        self.rate_limit = rate_limit
+        self.limiter: Any = None
+        if rate_limit is not None:
+            self.limiter = _actor_class(ray, RateLimiter).options(num_cpus=0).remote(rate_limit)
 
     def __len__(self) -> int:
         return self.num_shards
 
     def writer(self, max_in_flight: int = 8) -> ShardWriter:
         """A :class:`~ptl_rl.distributed.ShardWriter` to these shards (picklable: give one to each collector)."""
-        return ShardWriter(self.handles, max_in_flight)
+        return ShardWriter(self.handles, max_in_flight, self.limiter)
 
     def info(self) -> ShardInfo:
         """How the shards draw (uniform or prioritized, beta), read from shard 0 (one factory makes them all)."""
@@ -94,11 +105,19 @@ class ReplayShards:
         stats: list[ShardStats] = self._ray.get([handle.stats.remote() for handle in self.handles])
         return stats
 
+    def rate_counts(self) -> dict[str, int]:
+        """The rate limiter's counts: rows granted to writers (``inserts``) and to the learner (``samples``), and
+        the calls that had to wait (``blocked_inserts``, ``blocked_samples``); empty without a rate limit."""
+        if self.limiter is None:
+            return {}
+        counts: dict[str, int] = self._ray.get(self.limiter.counts.remote())
+        return counts
+
     def close(self) -> None:
         """Kill the actors (their rows are lost)."""
-        for handle in self.handles:
+        for handle in [*self.handles, *([self.limiter] if self.limiter is not None else [])]:
             self._ray.kill(handle, no_restart=True)
-        self.handles = []
+        self.handles, self.limiter = [], None
 
     def __repr__(self) -> str:
         return f"ReplayShards(num_shards={self.num_shards}, factory={factory_name(self.factory)})"

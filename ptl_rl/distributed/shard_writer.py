@@ -74,7 +74,10 @@ class ShardWriter:
         handles: the shards' Ray actor handles, in shard order (``ReplayShards.handles``).
         max_in_flight: adds sent and not yet answered before :meth:`add` waits
             for the oldest (backpressure: a writer cannot run unboundedly ahead
-            of a slow shard).
+            of a slow shard, or of a rate limit).
+        limiter: the shards' rate limiter actor (``ReplayShards.limiter``), or
+            ``None``: each add then waits in Ray, not in the writer, until its
+            rows may be written.
 
     Adds are asynchronous: :meth:`add` sends and returns; :meth:`flush` waits
     until every add sent has been stored and raises the first error a shard
@@ -83,15 +86,17 @@ class ShardWriter:
     that receives it writes to the shards directly.
     """
 
-    def __init__(self, handles: Sequence[object], max_in_flight: int = 8) -> None:
+    def __init__(self, handles: Sequence[object], max_in_flight: int = 8, limiter: object | None = None) -> None:
         if not handles:
             raise ValueError("a ShardWriter needs the handles of at least one shard")
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.handles = list(handles)
         self.max_in_flight = int(max_in_flight)
+        self.limiter = limiter
         self.rows_written = 0
         self._in_flight: list[Any] = []  # object refs of adds sent, oldest first
+        self._last_grant: Any = None  # the rate limiter's grant of the last add
 
     @property
     def num_shards(self) -> int:
@@ -101,8 +106,12 @@ class ShardWriter:
         """Send the rows of ``batch`` (fields ``[B, ...]``, ``env_id`` int [B]) to their shards; returns ``B``."""
         parts = split_by_shard(batch, self.num_shards)
         handles: list[Any] = self.handles
+        limiter: Any = self.limiter
+        grant = None
+        if limiter is not None and parts:  # granted in this writer's order (see RateLimiter.insert)
+            grant = self._last_grant = limiter.insert.remote(len(batch), self._last_grant)
         for shard, rows in parts:
-            self._in_flight.append(handles[shard].add.remote(rows))
+            self._in_flight.append(handles[shard].add.remote(rows, grant))
         excess = len(self._in_flight) - self.max_in_flight
         if excess > 0:
             self._collect(excess)
@@ -120,10 +129,11 @@ class ShardWriter:
         return stats
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"handles": self.handles, "max_in_flight": self.max_in_flight}  # adds in flight stay with the sender
+        # (the adds in flight stay with the sender)
+        return {"handles": self.handles, "max_in_flight": self.max_in_flight, "limiter": self.limiter}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["handles"], state["max_in_flight"])  # type: ignore[misc]
+        self.__init__(state["handles"], state["max_in_flight"], state["limiter"])  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"ShardWriter(shards={self.num_shards}, rows_written={self.rows_written})"

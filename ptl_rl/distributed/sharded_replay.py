@@ -16,6 +16,7 @@ See ``docs/design/replay-service.md``.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -76,6 +77,15 @@ class ShardedReplay(Stage["ShardedReplay"]):
             counted in :attr:`stale_updates` as they arrive.
         poll_interval: seconds between two looks at the shards' sizes while
             waiting for ``warmup`` without an upstream.
+        sample_timeout: seconds :meth:`sample` waits for a batch before it
+            raises ``TimeoutError`` (naming the rate limiter's counts when the
+            shards have one); ``None``: no limit. The request stays in flight:
+            the next call goes on waiting for it.
+
+    With a rate limit on the shards (``ReplayShards(rate_limit=...)``) each
+    request's rows are granted by the limiter before the shards draw them, so
+    a learner ahead of its writers waits there (a prefetched request counts as
+    sampled once granted).
 
     A batch holds the stored fields ``[B, ...]`` and ``shard`` (int64 [B]);
     with a strategy that names its slots also ``indices`` and ``generations``
@@ -96,11 +106,19 @@ class ShardedReplay(Stage["ShardedReplay"]):
         seed: int | None = None,
         sync_updates: bool = False,
         poll_interval: float = 0.01,
+        sample_timeout: float | None = None,
     ) -> None:
         if warmup < 0 or transitions_per_yield < 1 or prefetch < 0:
             raise ValueError(
                 f"warmup and prefetch must be >= 0 and transitions_per_yield >= 1; got {warmup}, {prefetch} "
                 f"and {transitions_per_yield}"
+            )
+        limit = shards.rate_limit
+        if upstream is not None and limit is not None and limit.max_diff < sys.float_info.max:
+            raise ValueError(
+                "this ShardedReplay writes its upstream's rows itself, and the shards' rate limit would make those "
+                "writes wait for this learner's samples, which wait for its writes: give the learner's own replay "
+                "ratio with transitions_per_yield instead, or write from collectors (shards.writer())"
             )
         super().__init__(upstream)
         self.shards = shards
@@ -115,6 +133,9 @@ class ShardedReplay(Stage["ShardedReplay"]):
         self.prefetch = int(prefetch)
         self.sync_updates = bool(sync_updates)
         self.poll_interval = float(poll_interval)
+        self.sample_timeout = sample_timeout
+        self._limiter: Any = shards.limiter
+        self._last_grant: Any = None
         self.rng = np.random.default_rng(seed)
         self.known: list[ShardStats] = [ShardStats(0, 0.0, 0)] * len(self._handles)
         self.batches_sampled = 0
@@ -209,7 +230,7 @@ class ShardedReplay(Stage["ShardedReplay"]):
         request = self._pending[0]
         while len(self._pending) < 1 + self.prefetch:  # the next ones go out before this one is awaited
             self._pending.append(self._request(batch_size))
-        answers: list[ShardSample] = self._ray.get(request.refs)
+        answers = self._answers(request)
         if self._pending and self._pending[0] is request:
             self._pending.popleft()
         self.known = [answer.stats for answer in answers]
@@ -221,6 +242,19 @@ class ShardedReplay(Stage["ShardedReplay"]):
             feedback = ShardedPriorityFeedback(self, batch[SHARD_FIELD], batch["indices"], batch["generations"])
             batch.attach_priority_feedback(feedback)
         return batch
+
+    def _answers(self, request: _Request) -> list[ShardSample]:
+        ray = self._ray
+        try:
+            answers: list[ShardSample] = ray.get(request.refs, timeout=self.sample_timeout)
+        except ray.exceptions.GetTimeoutError:
+            held = "" if self._limiter is None else f"; the rate limiter has granted {self.shards.rate_counts()}"
+            raise TimeoutError(
+                f"no batch from the shards within {self.sample_timeout} s{held}. With a rate limit the learner "
+                "waits for writers to insert (samples_per_insert, error_buffer); without one, a shard is slow or "
+                "gone. The request stays in flight: sample() again goes on waiting"
+            ) from None
+        return answers
 
     def _request(self, batch_size: int) -> _Request:
         """Split a batch over the shards by their last known masses and send every shard its count."""
@@ -235,7 +269,10 @@ class ShardedReplay(Stage["ShardedReplay"]):
         masses = np.array([stats.mass for stats in self.known], dtype=np.float64)
         counts = split_counts(self.rng, batch_size, masses)
         # every shard answers, a count of 0 with its stats only: the next split knows every shard's mass
-        refs = [handle.sample.remote(int(count)) for handle, count in zip(self._handles, counts, strict=True)]
+        grant = None
+        if self._limiter is not None:  # granted in the order asked (see RateLimiter.insert)
+            grant = self._last_grant = self._limiter.sample.remote(batch_size, self._last_grant)
+        refs = [handle.sample.remote(int(c), grant) for handle, c in zip(self._handles, counts, strict=True)]
         return _Request(batch_size, masses, refs)
 
     # ------------------------------------------------------------------ priorities

@@ -8,6 +8,9 @@ shard that holds each row.
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -17,7 +20,8 @@ from stats import SIGNIFICANCE, chi_square_quantile, chi_square_statistic
 
 import ptl_rl
 from ptl_rl import BatchSampler, PrioritizedDraws, ReplayBuffer, TransitionBatch, UniformDraws
-from ptl_rl.distributed import ReplayShard, ReplayShards, ShardedReplay, ShardWriter, shard_of
+from ptl_rl.distributed import RateLimit, ReplayShard, ReplayShards, ShardedReplay, ShardWriter, shard_of
+from ptl_rl.distributed.rate_limit import RateLimiter
 from ptl_rl.distributed.shard_writer import split_by_shard
 
 ray = pytest.importorskip("ray")
@@ -335,3 +339,90 @@ def test_a_shard_of_sequence_windows_answers_windows_of_one_env_with_their_start
     obs = answer.batch.obs[..., 0]
     assert (np.diff(obs, axis=1) == 1).all()  # consecutive steps of one env's episode
     np.testing.assert_array_equal(answer.row_mass, np.ones(40))
+
+
+def test_the_rate_limit_grants_rows_as_reverb_does_one_by_one() -> None:
+    """``room`` equals granting rows one at a time by Reverb's CanInsert/CanSample; Reverb's bounds are checked."""
+    limits = [
+        RateLimit.min_size(7),
+        RateLimit.sample_to_insert_ratio(2.5, 10, 6.0),
+        RateLimit.sample_to_insert_ratio(0.5, 3, (1.0, 4.0)),
+    ]
+    for limit in limits:
+        for inserts in range(0, 40, 3):
+            for samples in range(0, 80, 7):
+                for insert in (True, False):
+                    one_by_one = 0
+                    while one_by_one < 20 and (
+                        limit.can_insert(inserts + one_by_one, samples)
+                        if insert
+                        else limit.can_sample(inserts, samples + one_by_one)
+                    ):
+                        one_by_one += 1
+                    assert limit.room(inserts, samples, 20, insert) == one_by_one
+    with pytest.raises(ValueError, match=r"2 \* max\(1, samples_per_insert\).*Raise error_buffer"):
+        RateLimit.sample_to_insert_ratio(4.0, 10, 3.0)
+    with pytest.raises(ValueError, match="above samples_per_insert"):
+        RateLimit.sample_to_insert_ratio(1.0, 10, (20.0, 40.0))
+
+    async def writer_ahead_of_the_learner() -> list[tuple[int, int, bool]]:
+        limiter = RateLimiter(RateLimit.sample_to_insert_ratio(1.0, 10, 4.0))  # inserts - samples in [6, 14]
+        write = asyncio.ensure_future(limiter.insert(30))
+        seen = []
+        for rows in (0, 8, 16):
+            if rows:
+                await limiter.sample(rows)
+            await asyncio.sleep(0.01)
+            seen.append((limiter.inserts, limiter.samples, write.done()))
+        return seen
+
+    assert asyncio.run(writer_ahead_of_the_learner()) == [(14, 0, False), (22, 8, False), (30, 24, True)]
+
+
+def _wait_for_rows(shards: ReplayShards, rows: int) -> int:
+    deadline = time.monotonic() + 30
+    while (stored := sum(s.size for s in shards.stats())) < rows and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return stored
+
+
+@ray.remote
+def _limited_collector(writer: ShardWriter, lo: int, hi: int) -> int:
+    """A collector writing rows ``lo:hi`` of :func:`all_rows` in batches of 4; returns once all are stored."""
+    rows = all_rows()
+    for start in range(lo, hi, 4):
+        writer.add(rows.rows(slice(start, min(start + 4, hi))))
+    writer.flush()
+    return hi - lo
+
+
+def test_a_sample_to_insert_ratio_holds_writers_and_the_learner_to_it(ray_session) -> None:
+    # spi 1, min size 20, error buffer 8: inserts - samples stays in [12, 28] once 20 rows are in
+    limit = RateLimit.sample_to_insert_ratio(1.0, 20, 8.0)
+    shards = ReplayShards(functools.partial(uniform_buffer, 100), 1, seed=13, rate_limit=limit)
+    try:
+        # writers are collectors (other processes): a process's calls to a shard run in order, so one that
+        # both wrote through a limit and sampled would queue its samples behind its own held writes
+        collector = _limited_collector.remote(shards.writer(max_in_flight=100), 0, 60)
+        assert _wait_for_rows(shards, 28) == 28
+        time.sleep(0.3)
+        assert sum(s.size for s in shards.stats()) == 28  # the collector waits: 28 - 0 is the most ahead
+        replay = ShardedReplay(shards, warmup=20, seed=14, prefetch=0, sample_timeout=0.5)
+        next(replay)
+        replay.sample(16)  # 28 - 16 >= 12: granted; the writers may go on to 44
+        assert _wait_for_rows(shards, 44) == 44
+        replay.sample(16)
+        assert ray.get(collector) == 60  # 60 - 32 <= 28: every row is in
+        assert sum(s.size for s in shards.stats()) == 60
+        replay.sample(16)  # 60 - 48 >= 12
+        with pytest.raises(TimeoutError, match=r"'inserts': 60, 'samples': 48"):
+            replay.sample(16)  # 60 - 64 < 12: the learner waits for writers
+        ray.get(_limited_collector.remote(shards.writer(), 60, 76))  # 76 - 64 >= 12
+        assert len(replay.sample(16)) == 16  # the request in flight was granted
+        counts = shards.rate_counts()
+        assert counts["inserts"] == 76 and counts["samples"] == 64
+        assert counts["blocked_inserts"] >= 1 and counts["blocked_samples"] >= 1
+        with pytest.raises(ValueError, match="writes its upstream's rows itself"):
+            ShardedReplay(shards, _rows_of_envs(0), warmup=20)
+    finally:
+        shards.close()
