@@ -13,7 +13,7 @@ from ptl_rl.distributed.rate_limit import RateLimit
 from ptl_rl.distributed.ray_workers import RayWorkers
 from ptl_rl.distributed.replay_shard import ReplayShard, ShardInfo, ShardSample, ShardStats
 from ptl_rl.distributed.replay_shards import ReplayShards
-from ptl_rl.distributed.shard_writer import ShardWriter, shard_of
+from ptl_rl.distributed.shard_writer import ShardWriter, ShardWrites, shard_of
 from ptl_rl.distributed.sharded_replay import ShardedReplay
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "ShardSample",
     "ShardStats",
     "ShardWriter",
+    "ShardWrites",
     "ShardedReplay",
     "WeightSync",
     "WorkerInfo",

@@ -11,12 +11,30 @@ without going through the learner.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ptl_rl.core.batch import TransitionBatch
 from ptl_rl.distributed.replay_shard import ShardStats
+
+
+class ShardWrites(NamedTuple):
+    """What a collector that writes to the shards itself reports for one call, instead of its rows.
+
+    :class:`~ptl_rl.distributed.RayWorkers` with ``shards=`` yields one per
+    worker call; :class:`~ptl_rl.distributed.ShardedReplay` takes ``rows`` as
+    the credit its upstream's batch would have given.
+
+    Attributes:
+        rows: rows the call stored in the shards (every add answered).
+        env_steps: env steps the call took.
+        episodes: episodes the call finished.
+    """
+
+    rows: int
+    env_steps: int
+    episodes: int
 
 
 def ray_module() -> Any:
@@ -94,8 +112,9 @@ class ShardWriter:
         self.handles = list(handles)
         self.max_in_flight = int(max_in_flight)
         self.limiter = limiter
-        self.rows_written = 0
-        self._in_flight: list[Any] = []  # object refs of adds sent, oldest first
+        self.rows_written = 0  # rows sent
+        self.rows_stored = 0  # rows whose add a shard answered
+        self._in_flight: list[tuple[Any, int]] = []  # (object ref, rows) of adds sent, oldest first
         self._last_grant: Any = None  # the rate limiter's grant of the last add
 
     @property
@@ -111,7 +130,7 @@ class ShardWriter:
         if limiter is not None and parts:  # granted in this writer's order (see RateLimiter.insert)
             grant = self._last_grant = limiter.insert.remote(len(batch), self._last_grant)
         for shard, rows in parts:
-            self._in_flight.append(handles[shard].add.remote(rows, grant))
+            self._in_flight.append((handles[shard].add.remote(rows, grant), len(rows)))
         excess = len(self._in_flight) - self.max_in_flight
         if excess > 0:
             self._collect(excess)
@@ -125,7 +144,8 @@ class ShardWriter:
     def _collect(self, count: int) -> list[ShardStats]:
         """Wait for the ``count`` oldest adds (Ray runs one caller's calls to an actor in order)."""
         done, self._in_flight = self._in_flight[:count], self._in_flight[count:]
-        stats: list[ShardStats] = ray_module().get(done) if done else []
+        stats: list[ShardStats] = ray_module().get([ref for ref, _ in done]) if done else []
+        self.rows_stored += sum(rows for _, rows in done)
         return stats
 
     def __getstate__(self) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from ptl_rl.distributed.shard_sampling import (
     merge_answers,
     split_counts,
 )
+from ptl_rl.distributed.shard_writer import ShardWrites
 from ptl_rl.replay.feedback import to_numpy_1d
 
 
@@ -59,8 +60,12 @@ class ShardedReplay(Stage["ShardedReplay"]):
         shards: the shards to draw from (writers fill them: ``shards.writer()``).
         upstream: optional stage whose batches this stage writes into the
             shards itself (through the learner, like a local buffer's pulls:
-            ``transitions_per_yield`` per yield); ``None`` when collectors
-            write to the shards directly.
+            ``transitions_per_yield`` per yield); or a stage that yields
+            :class:`~ptl_rl.distributed.ShardWrites` (``RayWorkers(...,
+            shards=shards)``, whose workers write the rows themselves): its
+            counts are the credit, ``transitions_per_yield`` rows stored by
+            the workers per yield, and this stage writes nothing; ``None`` when
+            collectors write to the shards directly, unpaced.
         warmup: rows stored over all shards before the first yield.
         transitions_per_yield: with an upstream, rows written per yield, on average.
         prefetch: sample requests kept in flight beyond the one being used
@@ -97,7 +102,7 @@ class ShardedReplay(Stage["ShardedReplay"]):
     def __init__(
         self,
         shards: ReplayShards,
-        upstream: Iterator[TransitionBatch] | None = None,
+        upstream: Iterator[TransitionBatch | ShardWrites] | None = None,
         *,
         warmup: int = 1_000,
         transitions_per_yield: int = 1,
@@ -114,7 +119,13 @@ class ShardedReplay(Stage["ShardedReplay"]):
                 f"and {transitions_per_yield}"
             )
         limit = shards.rate_limit
-        if upstream is not None and limit is not None and limit.max_diff < sys.float_info.max:
+        writes_itself = upstream is not None and getattr(upstream, "shards", None) is None
+        if getattr(upstream, "shards", None) not in (None, shards):
+            raise ValueError(
+                "the upstream writes into other replay shards than this ShardedReplay samples; pass the same "
+                "ReplayShards to both (RayWorkers(..., shards=shards) and ShardedReplay(shards, workers))"
+            )
+        if writes_itself and limit is not None and limit.max_diff < sys.float_info.max:
             raise ValueError(
                 "this ShardedReplay writes its upstream's rows itself, and the shards' rate limit would make those "
                 "writes wait for this learner's samples, which wait for its writes: give the learner's own replay "
@@ -141,7 +152,7 @@ class ShardedReplay(Stage["ShardedReplay"]):
         self.batches_sampled = 0
         self.stale_updates = 0  # rows of priority updates the shards ignored (overwritten since the draw)
         self.applied_updates = 0
-        self._writer = shards.writer() if upstream is not None else None
+        self._writer = shards.writer() if writes_itself else None
         self._warm = False
         self._credit = 0
         self._written = self._counted = 0
@@ -170,31 +181,38 @@ class ShardedReplay(Stage["ShardedReplay"]):
     def step(self) -> ShardedReplay:
         """Write ``transitions_per_yield`` rows of the upstream (if any), wait for ``warmup`` rows; yield self."""
         warming_up = not self._warm
-        if self._writer is not None:
-            while self._credit < self.transitions_per_yield or (
-                not self._warm and self._writer.rows_written < self.warmup
-            ):
-                batch = self.pull()
-                self._writer.add(batch)
-                self._credit += len(batch)
-                self._written += len(batch)
+        if self.upstream is not None:
+            while self._credit < self.transitions_per_yield or (not self._warm and self._written < self.warmup):
+                self._credit += self._take_upstream()
         if not self._warm:
             self._wait_for_warmup()
-        if self._writer is not None:
+        if self.upstream is not None:
             if warming_up:
                 self._credit = min(self._credit, self.transitions_per_yield)
             self._credit -= self.transitions_per_yield
         return self
 
+    def _take_upstream(self) -> int:
+        """One output of the upstream: a batch written into the shards, or a collector's count of the rows it
+        wrote itself; returns the rows."""
+        item = self.pull()
+        if isinstance(item, ShardWrites):
+            rows = item.rows
+        else:
+            assert self._writer is not None  # (an upstream of batches gets a writer)
+            self._writer.add(item)
+            rows = len(item)
+        self._written += rows
+        return rows
+
     def _wait_for_warmup(self) -> None:
         if self._writer is not None:
             self._writer.flush()
         while sum(stats.size for stats in self.refresh()) < self.warmup:
-            if self._writer is not None:  # (rows written may have been refused or overwritten)
-                batch = self.pull()
-                self._writer.add(batch)
-                self._writer.flush()
-                self._written += len(batch)
+            if self.upstream is not None:  # (rows written may have been refused or overwritten)
+                self._take_upstream()
+                if self._writer is not None:
+                    self._writer.flush()
             else:
                 time.sleep(self.poll_interval)
         self._warm = True
