@@ -11,6 +11,7 @@ updates of one shard never interleave. See ``docs/design/replay-service.md``.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
@@ -27,6 +28,8 @@ from ptl_rl.replay.windows import SequenceWindows
 
 #: The field a sharded batch adds: the shard each row was drawn from (int64 [B]); stored rows may not use it.
 SHARD_FIELD = "shard"
+#: The field a sharded batch adds: the incarnation of the shard each row was drawn from (int64 [B]).
+INCARNATION_FIELD = "shard_incarnation"
 
 #: ``factory() -> ReplayBuffer``: called once in each shard's process; a module-level function or a
 #: ``functools.partial`` of one (Ray pickles it), building a buffer without an upstream.
@@ -43,11 +46,16 @@ class ShardStats(NamedTuple):
             draws, 1 per drawable window start or step for uniform windows and
             hindsight steps) or, for plain uniform rows, ``size``.
         total_added: rows ever added (the generation stamps count these).
+        incarnation: the id of the shard's process: drawn at random when the
+            shard starts (62 bits), new after every restart, so the rows of
+            two lives of one shard, whose generation stamps both count from
+            0, are told apart.
     """
 
     size: int
     mass: float
     total_added: int
+    incarnation: int = 0
 
 
 class ShardSample(NamedTuple):
@@ -106,6 +114,9 @@ class ReplayShard:
         self.buffer = buffer
         self.shard = int(shard)
         self.weighted = _weighted_slots(buffer)
+        # a Ray restart calls __init__ again with the same arguments: a fresh id tells the two lives apart
+        self.incarnation = secrets.randbits(62)
+        self.foreign_updates = 0  # rows of priority updates for an earlier incarnation's rows, ignored
         if seed is not None:
             buffer.rng = np.random.default_rng([int(seed), self.shard])
 
@@ -122,7 +133,7 @@ class ReplayShard:
         buffer.settle()
         size = len(buffer)
         mass = float(size) if self.weighted is None else self.weighted.tree.total
-        return ShardStats(size, mass, int(buffer.storage.total_added))
+        return ShardStats(size, mass, int(buffer.storage.total_added), self.incarnation)
 
     def add(self, batch: TransitionBatch, grant: int | None = None) -> ShardStats:
         """Store ``batch`` (``B`` rows, fields ``[B, ...]``) in this shard; returns the shard's stats after it.
@@ -130,10 +141,10 @@ class ReplayShard:
         ``grant``: the rate limiter's answer to this insert (a Ray object ref
         when sent, resolved before the call runs: the call waits for it).
         """
-        if SHARD_FIELD in batch:
+        if SHARD_FIELD in batch or INCARNATION_FIELD in batch:
             raise ValueError(
-                f"field {SHARD_FIELD!r} is added to batches sampled from a sharded replay and cannot be stored; "
-                "rename the agent extra"
+                f"fields {SHARD_FIELD!r} and {INCARNATION_FIELD!r} are added to batches sampled from a sharded "
+                "replay and cannot be stored; rename the agent extra"
             )
         self.buffer.add(batch)
         return self.stats()
@@ -148,16 +159,14 @@ class ReplayShard:
         rows each (a local buffer refuses a batch larger than its rows; a
         shard's share of a batch may be), so each row's probability is
         unchanged.
+
+        A shard asked for rows while it holds nothing drawable (it restarted
+        empty since the learner split the batch) answers no rows and its
+        stats, as for ``count == 0``: the learner asks again with them.
         """
         stats = self.stats()
-        if count <= 0:
+        if count <= 0 or stats.mass <= 0.0:
             return ShardSample(None, np.zeros(0), stats)
-        if stats.mass <= 0.0:
-            raise ValueError(
-                f"shard {self.shard} was asked for {count} rows but holds nothing drawable "
-                f"({stats.size} rows stored): its share of a batch comes from stale stats; call "
-                "ShardedReplay.refresh() or raise warmup"
-            )
         step = max(1, stats.size)
         parts = [self.buffer.sample(min(step, count - lo)) for lo in range(0, count, step)]
         batch = TransitionBatch.concat(parts)
@@ -168,15 +177,24 @@ class ReplayShard:
             row_mass = self.weighted.tree.get(fields["indices"])
         return ShardSample(TransitionBatch.wrap(fields), row_mass, stats)
 
-    def update_priorities(self, indices: Numbers, priorities: Numbers, generations: Numbers | None) -> int:
+    def update_priorities(
+        self, indices: Numbers, priorities: Numbers, generations: Numbers | None, incarnation: int | None = None
+    ) -> int:
         """Set the priorities of this shard's slots ``indices`` (int [B]); returns the stale rows ignored.
 
         The local buffer's path (:meth:`ptl_rl.ReplayBuffer.update_priorities`):
         ``priorities`` (float [B], finite, ``>= 0``) are stored as
         ``(priority + eps) ** alpha``; rows whose slot's stamp is no longer
         ``generations`` (int [B]) were overwritten since the draw and are skipped.
-        A ``ValueError`` leaves every priority as it was.
+        A ``ValueError`` leaves every priority as it was. ``incarnation``: the
+        shard's incarnation the rows were drawn from; another one's rows (this
+        shard restarted since the draw: its slots and stamps hold other rows)
+        are all skipped, counted in ``foreign_updates`` and returned as stale.
         """
+        if incarnation is not None and int(incarnation) != self.incarnation:
+            skipped = len(to_numpy_1d(indices, "indices", np.int64))
+            self.foreign_updates += skipped
+            return skipped
         return self.buffer.update_priorities(indices, priorities, generations)
 
     def priorities(self, indices: Numbers | None = None) -> np.ndarray:
@@ -197,7 +215,11 @@ class ReplayShard:
         """The strategy's update counters (``stale_updates``, ``applied_updates``; empty for uniform draws)."""
         weighted = self.weighted
         if isinstance(weighted, PrioritizedDraws):
-            return {"stale_updates": weighted.stale_updates, "applied_updates": weighted.applied_updates}
+            return {
+                "stale_updates": weighted.stale_updates,
+                "applied_updates": weighted.applied_updates,
+                "foreign_updates": self.foreign_updates,
+            }
         return {}
 
 

@@ -53,6 +53,12 @@ class ReplayShards:
             by one more actor (:attr:`limiter`): writers' adds wait in Ray until
             their rows may be written, the learner's samples until their rows
             may be drawn. ``None``: no limit (the learner's ``warmup`` only).
+        max_restarts: how many times Ray restarts a shard whose actor died
+            (``-1``: always). A restarted shard is empty, with a new
+            ``incarnation``: the learner goes on sampling the other shards,
+            writers drop the adds that were in flight to it (counted in
+            ``ShardWriter.rows_dropped``) and fill it again, and a priority
+            update for a row of its earlier life is ignored.
 
     Ray must be initialised. The actors start at once; their first answer
     waits until each has imported ptl_rl.
@@ -66,6 +72,7 @@ class ReplayShards:
         seed: int | None = None,
         actor_options: Mapping[str, object] | None = None,
         rate_limit: RateLimit | None = None,
+        max_restarts: int = 10,
     ) -> None:
         if not callable(factory):
             raise TypeError(f"factory must be callable as factory() -> ReplayBuffer, got {type(factory).__name__}")
@@ -81,7 +88,11 @@ class ReplayShards:
         self.num_shards = int(num_shards)
         self.seed = seed
         self.actor_options = dict(actor_options or {"num_cpus": 0})
-        cls = _actor_class(ray, ReplayShard).options(**self.actor_options)
+        self.max_restarts = int(max_restarts)
+        # a call in flight when a shard dies fails (max_task_retries=0): an add retried on the new shard could
+        # run after adds sent later, out of its env's order; calls sent while it restarts wait for it
+        restart = {"max_restarts": self.max_restarts, "max_task_retries": 0}
+        cls = _actor_class(ray, ReplayShard).options(**{**restart, **self.actor_options})
         self.handles: list[Any] = [cls.remote(factory, shard, seed) for shard in range(self.num_shards)]
         self.rate_limit = rate_limit
         self.limiter: Any = None
@@ -101,8 +112,19 @@ class ReplayShards:
         return info
 
     def stats(self) -> list[ShardStats]:
-        """Each shard's size, draw mass and rows ever added, in shard order (waits for every shard)."""
-        stats: list[ShardStats] = self._ray.get([handle.stats.remote() for handle in self.handles])
+        """Each shard's size, draw mass, rows ever added and incarnation, in shard order (waits for every shard;
+        a shard that died while answering is asked again, once, after its restart)."""
+        ray = self._ray
+        refs = [handle.stats.remote() for handle in self.handles]
+        try:
+            stats: list[ShardStats] = ray.get(refs)
+        except ray.exceptions.RayActorError:
+            stats = []
+            for handle, ref in zip(self.handles, refs, strict=True):
+                try:
+                    stats.append(ray.get(ref))
+                except ray.exceptions.RayActorError:
+                    stats.append(ray.get(handle.stats.remote()))
         return stats
 
     def rate_counts(self) -> dict[str, int]:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ptl_rl.core.batch import Numbers, TransitionBatch
-from ptl_rl.distributed.replay_shard import SHARD_FIELD, ShardSample
+from ptl_rl.distributed.replay_shard import INCARNATION_FIELD, SHARD_FIELD, ShardSample
 from ptl_rl.replay.feedback import to_numpy_1d
 
 
@@ -63,24 +63,26 @@ def importance_weights(probs: np.ndarray, beta: float) -> np.ndarray:
 def merge_answers(
     answers: Sequence[tuple[int, ShardSample]], split_masses: np.ndarray, beta: float | None
 ) -> TransitionBatch:
-    """One batch of the shards' answers, in shard order, with ``shard`` (int64 [B]) and, given ``beta``,
-    ``weights`` (float32 [B]) computed over all of them.
+    """One batch of the shards' answers, in shard order, with ``shard`` and ``shard_incarnation`` (int64 [B])
+    and, given ``beta``, ``weights`` (float32 [B]) computed over all of them.
 
     ``answers``: ``(shard, answer)`` of every shard asked for at least one row.
     """
     drawn_masses = split_masses.astype(np.float64, copy=True)
-    batches, shards, masses = [], [], []
+    batches, shards, incarnations, masses = [], [], [], []
     for shard, answer in answers:
         assert answer.batch is not None  # (only shards asked for rows answer here)
         drawn_masses[shard] = answer.stats.mass
         batches.append(answer.batch)
         shards.append(np.full(len(answer.batch), shard, dtype=np.int64))
+        incarnations.append(np.full(len(answer.batch), answer.stats.incarnation, dtype=np.int64))
         masses.append(answer.row_mass)
     batch = TransitionBatch.concat(batches)
     if len(batches) == 1:  # concat returned the answer itself: copy the dict before adding fields
         batch = TransitionBatch(dict(batch.items()))
     row_shard = np.concatenate(shards)
     batch[SHARD_FIELD] = row_shard
+    batch[INCARNATION_FIELD] = np.concatenate(incarnations)
     if beta is not None:
         probs = row_probabilities(split_masses, row_shard, np.concatenate(masses), drawn_masses)
         batch["weights"] = importance_weights(probs, beta)
@@ -109,7 +111,12 @@ class ShardedPriorityTarget(Protocol):
     """Where a sharded batch's priorities go (a :class:`~ptl_rl.distributed.ShardedReplay`)."""
 
     def update_priorities(
-        self, shard: Numbers, indices: Numbers, priorities: Numbers, generations: Numbers | None = None
+        self,
+        shard: Numbers,
+        indices: Numbers,
+        priorities: Numbers,
+        generations: Numbers | None = None,
+        incarnations: Numbers | None = None,
     ) -> int: ...
 
 
@@ -117,27 +124,35 @@ class ShardedPriorityFeedback:
     """The link a batch sampled across shards carries: ``|td_errors|`` go to the shard holding each row.
 
     The sharded twin of :class:`~ptl_rl.replay.PriorityFeedback` (a :class:`~ptl_rl.core.batch.PriorityLink`):
-    numpy copies of the rows' ``shard``, ``indices`` and ``generations`` (int64 [B]), so it survives
-    ``to_torch`` and ``TorchBatch.to(device)``; ``select`` follows ``rows``.
+    numpy copies of the rows' ``shard``, ``indices``, ``generations`` and ``incarnations`` (int64 [B]), so it
+    survives ``to_torch`` and ``TorchBatch.to(device)``; ``select`` follows ``rows``.
     """
 
-    __slots__ = ("generations", "indices", "shard", "target")
+    __slots__ = ("generations", "incarnations", "indices", "shard", "target")
 
     def __init__(
-        self, target: ShardedPriorityTarget, shard: np.ndarray, indices: np.ndarray, generations: np.ndarray
+        self,
+        target: ShardedPriorityTarget,
+        shard: np.ndarray,
+        indices: np.ndarray,
+        generations: np.ndarray,
+        incarnations: np.ndarray,
     ) -> None:
         self.target = target
         self.shard = shard
         self.indices = indices
         self.generations = generations
+        self.incarnations = incarnations
 
     def __call__(self, td_errors: torch.Tensor | np.ndarray) -> int:
         """Send ``|td_errors|`` (float [B]) as the rows' new priorities; returns what the target returns."""
         td = to_numpy_1d(td_errors, "td_errors", np.float64)
-        return self.target.update_priorities(self.shard, self.indices, np.abs(td), self.generations)
+        return self.target.update_priorities(self.shard, self.indices, np.abs(td), self.generations, self.incarnations)
 
     def select(self, index: np.ndarray | torch.Tensor | slice) -> ShardedPriorityFeedback:
         """The feedback of the rows ``index`` (slice, bool mask or int indices; numpy or torch)."""
         if isinstance(index, torch.Tensor):
             index = index.detach().cpu().numpy()
-        return ShardedPriorityFeedback(self.target, self.shard[index], self.indices[index], self.generations[index])
+        return ShardedPriorityFeedback(
+            self.target, self.shard[index], self.indices[index], self.generations[index], self.incarnations[index]
+        )

@@ -100,7 +100,10 @@ class ShardWriter:
     Adds are asynchronous: :meth:`add` sends and returns; :meth:`flush` waits
     until every add sent has been stored and raises the first error a shard
     gave (a batch it refused: wrong shape, dtype, or a reserved field; the
-    shard is left as it was, as a local buffer is). Picklable: a collector
+    shard is left as it was, as a local buffer is). An add in flight to a
+    shard that died is dropped, not retried (counted in ``rows_dropped``;
+    ``rows_stored`` counts the adds answered): the shard restarts empty, and
+    later adds go to its new life. Picklable: a collector
     that receives it writes to the shards directly.
     """
 
@@ -114,6 +117,7 @@ class ShardWriter:
         self.limiter = limiter
         self.rows_written = 0  # rows sent
         self.rows_stored = 0  # rows whose add a shard answered
+        self.rows_dropped = 0  # rows of adds in flight to a shard that died: not stored, not retried
         self._in_flight: list[tuple[Any, int]] = []  # (object ref, rows) of adds sent, oldest first
         self._last_grant: Any = None  # the rate limiter's grant of the last add
 
@@ -144,7 +148,21 @@ class ShardWriter:
     def _collect(self, count: int) -> list[ShardStats]:
         """Wait for the ``count`` oldest adds (Ray runs one caller's calls to an actor in order)."""
         done, self._in_flight = self._in_flight[:count], self._in_flight[count:]
-        stats: list[ShardStats] = ray_module().get([ref for ref, _ in done]) if done else []
+        if not done:
+            return []
+        ray = ray_module()
+        try:
+            stats: list[ShardStats] = ray.get([ref for ref, _ in done])
+        except ray.exceptions.RayActorError:  # a shard died: its adds in flight are dropped, the others counted
+            stats = []
+            for ref, rows in done:
+                try:
+                    stats.append(ray.get(ref))
+                except ray.exceptions.RayActorError:
+                    self.rows_dropped += rows
+                    continue
+                self.rows_stored += rows
+            return stats
         self.rows_stored += sum(rows for _, rows in done)
         return stats
 

@@ -28,7 +28,7 @@ from ptl_rl.core._reprs import stage_repr
 from ptl_rl.core.batch import Numbers, TransitionBatch
 from ptl_rl.core.schedules import Schedule, as_schedule
 from ptl_rl.core.stage import Stage
-from ptl_rl.distributed.replay_shard import SHARD_FIELD, ShardSample, ShardStats
+from ptl_rl.distributed.replay_shard import INCARNATION_FIELD, SHARD_FIELD, ShardSample, ShardStats
 from ptl_rl.distributed.replay_shards import ReplayShards
 from ptl_rl.distributed.shard_sampling import (
     ShardedPriorityFeedback,
@@ -41,10 +41,12 @@ from ptl_rl.replay.feedback import to_numpy_1d
 
 
 class _Request(NamedTuple):
-    """A batch asked of the shards: its size, the masses it was split by (float64 [K]), one ref per shard."""
+    """A batch asked of the shards: its size, the masses it was split by (float64 [K]), the counts (int64 [K]),
+    one ref per shard."""
 
     batch_size: int
     masses: np.ndarray
+    counts: np.ndarray
     refs: list[Any]
 
 
@@ -92,7 +94,7 @@ class ShardedReplay(Stage["ShardedReplay"]):
     a learner ahead of its writers waits there (a prefetched request counts as
     sampled once granted).
 
-    A batch holds the stored fields ``[B, ...]`` and ``shard`` (int64 [B]);
+    A batch holds the stored fields ``[B, ...]``, ``shard`` and ``shard_incarnation`` (int64 [B]);
     with a strategy that names its slots also ``indices`` and ``generations``
     (int64 [B]), and with prioritized shards ``weights`` (float32 [B],
     ``(N P(i)) ** -beta`` normalised by the batch's largest, over all shards)
@@ -152,6 +154,7 @@ class ShardedReplay(Stage["ShardedReplay"]):
         self.batches_sampled = 0
         self.stale_updates = 0  # rows of priority updates the shards ignored (overwritten since the draw)
         self.applied_updates = 0
+        self.shard_failures = 0  # requests asked again because a shard died or restarted empty since the split
         self._writer = shards.writer() if writes_itself else None
         self._warm = False
         self._credit = 0
@@ -241,30 +244,51 @@ class ShardedReplay(Stage["ShardedReplay"]):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self._count_updates(wait=False)
-        while self._pending and self._pending[0].batch_size != batch_size:
-            self._pending.popleft()  # asked for another batch size: its answers are dropped
-        if not self._pending:
-            self._pending.append(self._request(batch_size))
-        request = self._pending[0]
-        while len(self._pending) < 1 + self.prefetch:  # the next ones go out before this one is awaited
-            self._pending.append(self._request(batch_size))
-        answers = self._answers(request)
-        if self._pending and self._pending[0] is request:
-            self._pending.popleft()
+        while True:
+            while self._pending and self._pending[0].batch_size != batch_size:
+                self._pending.popleft()  # asked for another batch size: its answers are dropped
+            if not self._pending:
+                self._pending.append(self._request(batch_size))
+            request = self._pending[0]
+            while len(self._pending) < 1 + self.prefetch:  # the next ones go out before this one is awaited
+                self._pending.append(self._request(batch_size))
+            answers = self._answers(request)
+            if self._pending and self._pending[0] is request:
+                self._pending.popleft()
+            if answers is not None:
+                break
+            # a shard died, or restarted empty, since the split: the requests in flight were split by masses
+            # it no longer has; ask again by the stats just learnt (the lost shard's rows are gone)
+            self.shard_failures += 1
+            self._pending.clear()
         self.known = [answer.stats for answer in answers]
         drawn = [(shard, answer) for shard, answer in enumerate(answers) if answer.batch is not None]
         beta = self.beta
         batch = merge_answers(drawn, request.masses, beta)
         self.batches_sampled += 1
         if beta is not None:
-            feedback = ShardedPriorityFeedback(self, batch[SHARD_FIELD], batch["indices"], batch["generations"])
+            feedback = ShardedPriorityFeedback(
+                self, batch[SHARD_FIELD], batch["indices"], batch["generations"], batch[INCARNATION_FIELD]
+            )
             batch.attach_priority_feedback(feedback)
         return batch
 
-    def _answers(self, request: _Request) -> list[ShardSample]:
+    def _answers(self, request: _Request) -> list[ShardSample] | None:
+        """Every shard's answer to ``request``; ``None`` when a shard died before answering or answered no rows
+        for a count above 0 (it restarted empty): :attr:`known` then holds what the shards said (0 for a dead
+        one), for the next split."""
         ray = self._ray
         try:
             answers: list[ShardSample] = ray.get(request.refs, timeout=self.sample_timeout)
+        except ray.exceptions.RayActorError:
+            known = []
+            for ref in request.refs:
+                try:
+                    known.append(ray.get(ref, timeout=self.sample_timeout).stats)
+                except ray.exceptions.RayActorError:
+                    known.append(ShardStats(0, 0.0, 0, -1))  # restarting: empty when it answers again
+            self.known = known
+            return None
         except ray.exceptions.GetTimeoutError:
             held = "" if self._limiter is None else f"; the rate limiter has granted {self.shards.rate_counts()}"
             raise TimeoutError(
@@ -272,6 +296,9 @@ class ShardedReplay(Stage["ShardedReplay"]):
                 "waits for writers to insert (samples_per_insert, error_buffer); without one, a shard is slow or "
                 "gone. The request stays in flight: sample() again goes on waiting"
             ) from None
+        if any(answer.batch is None and count > 0 for answer, count in zip(answers, request.counts, strict=True)):
+            self.known = [answer.stats for answer in answers]
+            return None
         return answers
 
     def _request(self, batch_size: int) -> _Request:
@@ -291,17 +318,25 @@ class ShardedReplay(Stage["ShardedReplay"]):
         if self._limiter is not None:  # granted in the order asked (see RateLimiter.insert)
             grant = self._last_grant = self._limiter.sample.remote(batch_size, self._last_grant)
         refs = [handle.sample.remote(int(c), grant) for handle, c in zip(self._handles, counts, strict=True)]
-        return _Request(batch_size, masses, refs)
+        return _Request(batch_size, masses, counts, refs)
 
     # ------------------------------------------------------------------ priorities
     def update_priorities(
-        self, shard: Numbers, indices: Numbers, priorities: Numbers, generations: Numbers | None = None
+        self,
+        shard: Numbers,
+        indices: Numbers,
+        priorities: Numbers,
+        generations: Numbers | None = None,
+        incarnations: Numbers | None = None,
     ) -> int:
         """Send ``priorities`` (float [B], finite, ``>= 0``) of rows ``(shard, indices)`` (int [B]) to their shards.
 
         Each shard applies them as a local buffer does (``(p + eps) ** alpha``);
         rows whose ``generations`` (int [B]) no longer match their slot were
-        overwritten since the draw and are skipped there. Bad values raise a
+        overwritten since the draw and are skipped there, and so are rows of
+        another ``incarnations`` (int [B]) of their shard (it restarted since
+        the draw; an update sent to a shard that dies before answering counts
+        its rows as stale too). Bad values raise a
         ``ValueError`` here, before anything is sent. Returns the stale rows
         skipped with ``sync_updates``, else 0 (counted in :attr:`stale_updates`
         once the shards answer; :meth:`flush_updates` waits for them).
@@ -315,7 +350,12 @@ class ShardedReplay(Stage["ShardedReplay"]):
         idx = to_numpy_1d(indices, "indices", np.int64)
         values = to_numpy_1d(priorities, "priorities", np.float64)
         gens = None if generations is None else to_numpy_1d(generations, "generations", np.int64)
-        if not (len(shards) == len(idx) == len(values)) or (gens is not None and len(gens) != len(idx)):
+        incs = None if incarnations is None else to_numpy_1d(incarnations, "incarnations", np.int64)
+        if (
+            not (len(shards) == len(idx) == len(values))
+            or (gens is not None and len(gens) != len(idx))
+            or (incs is not None and len(incs) != len(idx))
+        ):
             raise ValueError(
                 f"got {len(shards)} shards, {len(idx)} indices, {len(values)} priorities"
                 + ("" if gens is None else f" and {len(gens)} generations")
@@ -327,11 +367,14 @@ class ShardedReplay(Stage["ShardedReplay"]):
                 f"shard must be in [0, {len(self._handles)}); got {shards.min()}..{shards.max()}. Pass the "
                 "shard field of a batch sampled from this replay. No shard's priorities changed."
             )
-        for k in np.unique(shards).tolist():  # a loop over shards, not rows
-            rows = shards == k
-            stamps = None if gens is None else gens[rows]
-            ref = self._handles[k].update_priorities.remote(idx[rows], values[rows], stamps)
-            self._updates.append((ref, int(np.count_nonzero(rows))))
+        lives = np.zeros(len(shards), np.int64) if incs is None else incs
+        for k in np.unique(shards).tolist():  # a loop over shards (and their lives), not rows
+            for life in np.unique(lives[shards == k]).tolist():
+                rows = (shards == k) & (lives == life)
+                stamps = None if gens is None else gens[rows]
+                incarnation = None if incs is None else int(life)
+                ref = self._handles[k].update_priorities.remote(idx[rows], values[rows], stamps, incarnation)
+                self._updates.append((ref, int(np.count_nonzero(rows))))
         return self.flush_updates() if self.sync_updates else 0
 
     def flush_updates(self) -> int:
@@ -349,7 +392,16 @@ class ShardedReplay(Stage["ShardedReplay"]):
             ready_set = set(ready)
             done = [update for update in self._updates if update[0] in ready_set]
             self._updates = [update for update in self._updates if update[0] not in ready_set]
-        stale = int(sum(self._ray.get([ref for ref, _ in done])))  # (a shard's refusal raises here)
+        ray = self._ray
+        try:
+            stale = int(sum(ray.get([ref for ref, _ in done])))  # (a shard's refusal raises here)
+        except ray.exceptions.RayActorError:  # a shard died before answering: its rows' updates are lost
+            stale = 0
+            for ref, rows in done:
+                try:
+                    stale += int(ray.get(ref))
+                except ray.exceptions.RayActorError:
+                    stale += rows
         self.stale_updates += stale
         self.applied_updates += sum(rows for _, rows in done) - stale
         return stale

@@ -1,4 +1,4 @@
-"""Ray workers writing straight into replay shards.
+"""Ray workers writing straight into replay shards; a shard killed mid-run.
 
 The workers run the scripted collectors of ``test_ray.py`` (n-step windows folded in the worker, rows checkable by
 brute force from their observation codes ``[env, episode, step]``), so a shard's rows can be checked whole: each
@@ -8,13 +8,15 @@ env's windows, in the order the env stepped, nothing missing, nothing of another
 from __future__ import annotations
 
 import functools
+import time
+from typing import Any
 
 import numpy as np
 import pytest
 from collectors import check_rows, episode_script, scripted_collector
 
-from ptl_rl import BatchSampler, ReplayBuffer, UniformDraws
-from ptl_rl.distributed import RayWorkers, ReplayShards, ShardedReplay, ShardWriter, ShardWrites
+from ptl_rl import BatchSampler, PrioritizedDraws, ReplayBuffer, TransitionBatch, UniformDraws
+from ptl_rl.distributed import RayWorkers, ReplayShard, ReplayShards, ShardedReplay, ShardWriter, ShardWrites
 
 ray = pytest.importorskip("ray")
 
@@ -102,3 +104,116 @@ def test_workers_write_into_the_shards_and_the_learner_only_counts(ray_session, 
         _assert_streams_whole_and_in_order(rows, shard)
         env_ids |= set(np.unique(rows["env_id"]).tolist())
     assert env_ids == set(range(2 * NUM_ENVS)), "worker w's envs are 3w .. 3w + 2: distinct across workers"
+
+
+ALPHA, EPS = 0.6, 1e-6
+
+
+def big_prioritized_buffer() -> ReplayBuffer:
+    return ReplayBuffer(capacity=100_000, draws=PrioritizedDraws(alpha=ALPHA, beta=0.4, eps=EPS))
+
+
+@ray.remote
+def _recording_collector(writer: ShardWriter, envs: list[int], steps: int, stop: Any) -> dict[str, list[int]]:
+    """Writes ``steps`` rows per env (``obs`` = a row id unique over the test), one env's row per add, each add
+    waited for, until ``stop`` (an actor) says so; returns the ids stored and the ids dropped (the writer's
+    record)."""
+    stored, dropped = [], []
+    for step in range(steps):
+        for env in envs:
+            row_id = env * 100_000 + step
+            before = writer.rows_dropped
+            writer.add(
+                TransitionBatch(
+                    obs=np.array([[row_id]], np.float32), env_id=np.array([env]), reward=np.zeros(1, np.float32)
+                )
+            )
+            writer.flush()
+            (dropped if writer.rows_dropped > before else stored).append(row_id)
+        time.sleep(0.002)
+        if step % 20 == 19 and ray.get(stop.stopped.remote()):
+            break
+    return {"stored": stored, "dropped": dropped}
+
+
+class _Stop:
+    def __init__(self) -> None:
+        self.flag = False
+
+    def stop(self) -> None:
+        self.flag = True
+
+    def stopped(self) -> bool:
+        return self.flag
+
+
+def _incarnation(handle: Any) -> int:
+    return int(ray.get(handle.stats.remote()).incarnation)
+
+
+def test_a_killed_shard_restarts_empty_and_training_goes_on(ray_session) -> None:
+    """Shard 1 is killed mid-run (Ray restarts it): the learner goes on sampling, every row of every batch after
+    the restart is stored now where the batch says, an update for a row of the dead life is ignored, the writer
+    drops only the adds in flight, and the shard fills again."""
+    empty = ReplayShard(big_prioritized_buffer).sample(5)  # a shard restarted empty since the split: no rows
+    assert empty.batch is None and empty.stats.size == 0
+    shards = ReplayShards(big_prioritized_buffer, K, seed=2)
+    stop = ray.remote(_Stop).options(num_cpus=0).remote()
+    envs = list(range(6))  # env e -> shard e % 3
+    collector = _recording_collector.options(num_cpus=0.5).remote(shards.writer(), envs, 100_000, stop)
+    try:
+        replay = ShardedReplay(shards, warmup=120, seed=3, prefetch=1, sync_updates=True)
+        next(replay)
+        for _ in range(5):
+            replay.sample(32).update_priorities(np.ones(32))
+        old_batch = replay.sample(64)
+        old_life = _incarnation(shards.handles[1])
+        assert (old_batch.shard == 1).any() and (old_batch.shard_incarnation[old_batch.shard == 1] == old_life).all()
+        ray.kill(shards.handles[1], no_restart=False)
+        deadline = time.monotonic() + 60
+        while True:  # the restart: a call sent now waits for the new life (or fails while it dies)
+            try:
+                if _incarnation(shards.handles[1]) != old_life:
+                    break
+            except ray.exceptions.RayActorError:
+                pass
+            assert time.monotonic() < deadline, "shard 1 never restarted"
+            time.sleep(0.05)
+        new_life = _incarnation(shards.handles[1])
+        batches = []
+        for _ in range(30):  # sampling goes on throughout (the first requests may meet the dead shard)
+            batch = replay.sample(32)
+            assert len(batch) == 32
+            batch.update_priorities(np.full(32, 2.0))
+            batches.append(batch)
+        # an update for the dead life's rows is ignored: shard 1's slots now hold other rows
+        stale = old_batch.update_priorities(np.full(64, 77.0))
+        assert stale == int((old_batch.shard == 1).sum())  # (shards 0 and 2 never wrapped: their rows apply)
+        assert ray.get(shards.handles[1].counters.remote())["foreign_updates"] == int((old_batch.shard == 1).sum())
+        ray.get(stop.stop.remote())
+        record = ray.get(collector)
+    finally:
+        ray.get(stop.stop.remote())
+    stats = shards.stats()
+    assert stats[1].incarnation == new_life and stats[1].size > 0, "shard 1 fills again"
+    assert not np.isclose(ray.get(shards.handles[1].priorities.remote()), (77.0 + EPS) ** ALPHA).any()
+    stored_ids = set(record["stored"])
+    # the adds that failed while shard 1 died and restarted (Ray fails calls sent while it is dead, too): only its
+    # envs' rows, dropped, never retried; the writer went on with the next add
+    assert all(row_id // 100_000 % K == 1 for row_id in record["dropped"]), record["dropped"]
+    assert len(stored_ids) > 120
+    # the first batch may be the request prefetched before the kill, answered by the old life: drawn while its
+    # rows were stored; every later one was asked after the restart
+    for batch in batches[1:]:
+        ids = batch.obs[:, 0].astype(np.int64)
+        assert set(ids.tolist()) <= stored_ids, "a row the writer never stored"
+        for k in range(K):
+            mine = batch.shard == k
+            if not mine.any():
+                continue
+            life = _incarnation(shards.handles[k])
+            assert (batch.shard_incarnation[mine] == life).all(), "a row of a shard's dead life"
+            now = ray.get(shards.handles[k].rows.remote(batch.indices[mine])).obs[:, 0].astype(np.int64)
+            np.testing.assert_array_equal(now, ids[mine])  # the row is stored there now (no ring wrapped)
+            assert (ids[mine] // 100_000 % K == k).all()
+    shards.close()
