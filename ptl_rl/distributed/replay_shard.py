@@ -11,6 +11,7 @@ updates of one shard never interleave. See ``docs/design/replay-service.md``.
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
@@ -23,6 +24,7 @@ from ptl_rl.replay.buffer import ReplayBuffer
 from ptl_rl.replay.draws import UniformDraws, WeightedSlots
 from ptl_rl.replay.feedback import to_numpy_1d
 from ptl_rl.replay.hindsight import HindsightGoals
+from ptl_rl.replay.persist import load_buffer, read_manifest, save_buffer
 from ptl_rl.replay.priority_draws import PrioritizedDraws
 from ptl_rl.replay.windows import SequenceWindows
 
@@ -196,6 +198,20 @@ class ReplayShard:
             self.foreign_updates += skipped
             return skipped
         return self.buffer.update_priorities(indices, priorities, generations)
+
+    def save(self, directory: str) -> dict[str, str]:
+        """Save this shard's buffer to ``directory`` (:func:`ptl_rl.replay.save_buffer`, atomic; a save there
+        before is replaced); returns ``{"directory": absolute path, "save_id": ...}``, what a checkpoint keeps."""
+        save_buffer(self.buffer, directory)
+        return {"directory": os.path.abspath(directory), "save_id": str(read_manifest(directory)["save_id"])}
+
+    def load(self, directory: str, save_id: str | None = None) -> ShardStats:
+        """Replace this shard's rows by the save in ``directory`` (refused if it is not save ``save_id``); the
+        shard takes a new incarnation, so updates of rows drawn before are ignored. Returns its stats."""
+        read_manifest(directory, save_id)  # (raises naming the problem: no save, another save, a partial one)
+        load_buffer(self.buffer, directory)
+        self.incarnation = secrets.randbits(62)
+        return self.stats()
 
     def priorities(self, indices: Numbers | None = None) -> np.ndarray:
         """The draw weights (float64) of the slots ``indices``, or of every stored slot (for checks)."""

@@ -14,9 +14,11 @@ Ray is imported when the shards start (``pip install 'ptl_rl[ray]'``). See ``doc
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
+from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.distributed.common import factory_name
 from ptl_rl.distributed.rate_limit import RateLimit, RateLimiter
 from ptl_rl.distributed.replay_shard import BufferFactory, ReplayShard, ShardInfo, ShardStats
@@ -59,6 +61,10 @@ class ReplayShards:
             writers drop the adds that were in flight to it (counted in
             ``ShardWriter.rows_dropped``) and fill it again, and a priority
             update for a row of its earlier life is ignored.
+        checkpoint_dir: where :meth:`state_dict` has each shard save its
+            buffer (``<checkpoint_dir>/shard-<k>``, written by the shard's own
+            process: a filesystem the shards and the learner share). ``None``:
+            :meth:`state_dict` is refused.
 
     Ray must be initialised. The actors start at once; their first answer
     waits until each has imported ptl_rl.
@@ -73,6 +79,7 @@ class ReplayShards:
         actor_options: Mapping[str, object] | None = None,
         rate_limit: RateLimit | None = None,
         max_restarts: int = 10,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if not callable(factory):
             raise TypeError(f"factory must be callable as factory() -> ReplayBuffer, got {type(factory).__name__}")
@@ -89,6 +96,7 @@ class ReplayShards:
         self.seed = seed
         self.actor_options = dict(actor_options or {"num_cpus": 0})
         self.max_restarts = int(max_restarts)
+        self.checkpoint_dir = None if checkpoint_dir is None else os.path.abspath(os.fspath(checkpoint_dir))
         # a call in flight when a shard dies fails (max_task_retries=0): an add retried on the new shard could
         # run after adds sent later, out of its env's order; calls sent while it restarts wait for it
         restart = {"max_restarts": self.max_restarts, "max_task_retries": 0}
@@ -134,6 +142,38 @@ class ReplayShards:
             return {}
         counts: dict[str, int] = self._ray.get(self.limiter.counts.remote())
         return counts
+
+    STATE_VERSION = 1
+
+    def save(self, root: str | os.PathLike[str]) -> dict[str, Any]:
+        """Have every shard save its buffer to ``root/shard-<k>`` (in its own process, all at once); returns
+        what a checkpoint keeps: the directories and save ids, plain strings and ints (no arrays), so
+        ``torch.load(weights_only=True)`` reads it. A later save to the same root replaces these saves."""
+        root = os.path.abspath(os.fspath(root))
+        refs = [h.save.remote(os.path.join(root, f"shard-{k:03d}")) for k, h in enumerate(self.handles)]
+        saves: list[dict[str, str]] = self._ray.get(refs)
+        return versioned({"num_shards": self.num_shards, "saves": saves}, self.STATE_VERSION)
+
+    def state_dict(self) -> dict[str, Any]:
+        """:meth:`save` to ``checkpoint_dir``: a reference to each shard's save, no rows."""
+        if self.checkpoint_dir is None:
+            raise ValueError(
+                "the shards' rows are saved by the shards themselves, into directories the checkpoint refers to; "
+                "build ReplayShards(..., checkpoint_dir=<a directory the shards and the learner share>)"
+            )
+        return self.save(self.checkpoint_dir)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load every shard from the save the checkpoint refers to (a save replaced since is refused, naming
+        it); each shard takes a new incarnation."""
+        check_version(state, self.STATE_VERSION, type(self).__name__)
+        if int(state["num_shards"]) != self.num_shards:
+            raise ValueError(
+                f"the checkpoint holds {state['num_shards']} shards, these are {self.num_shards}: rows are placed "
+                "by env_id % num_shards, so build ReplayShards with the saved num_shards"
+            )
+        refs = [h.load.remote(s["directory"], s["save_id"]) for h, s in zip(self.handles, state["saves"], strict=True)]
+        self._ray.get(refs)
 
     def close(self) -> None:
         """Kill the actors (their rows are lost)."""

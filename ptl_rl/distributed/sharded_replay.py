@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -28,6 +28,7 @@ from ptl_rl.core._reprs import stage_repr
 from ptl_rl.core.batch import Numbers, TransitionBatch
 from ptl_rl.core.schedules import Schedule, as_schedule
 from ptl_rl.core.stage import Stage
+from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.distributed.replay_shard import INCARNATION_FIELD, SHARD_FIELD, ShardSample, ShardStats
 from ptl_rl.distributed.replay_shards import ReplayShards
 from ptl_rl.distributed.shard_sampling import (
@@ -230,6 +231,40 @@ class ShardedReplay(Stage["ShardedReplay"]):
         """Rows written through this stage since the last count (the clock's items)."""
         written, self._counted = self._written - self._counted, self._written
         return written
+
+    STATE_VERSION = 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """The shards' saves (:meth:`ReplayShards.state_dict`: each shard saves its buffer into its own directory;
+        the state refers to them and holds no arrays) and this stage's counters. Priority updates sent are
+        waited for first, so the saved priorities include them. Shards without a ``checkpoint_dir`` are not
+        saved (``"shards": None``; their rows stay where they are), so a pipeline checkpoint still works."""
+        self.flush_updates()
+        state = {
+            "shards": None if self.shards.checkpoint_dir is None else self.shards.state_dict(),
+            "batches_sampled": self.batches_sampled,
+            "stale_updates": self.stale_updates,
+            "applied_updates": self.applied_updates,
+            "credit": self._credit,
+            "warm": self._warm,
+        }
+        return versioned(state, self.STATE_VERSION)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load the shards from their saves and the counters; requests and updates in flight are dropped (they
+        were of the rows replaced)."""
+        check_version(state, self.STATE_VERSION, type(self).__name__)
+        self._pending.clear()
+        self._updates = []
+        if state["shards"] is not None:
+            self.shards.load_state_dict(state["shards"])
+        self.batches_sampled = int(state["batches_sampled"])
+        self.stale_updates = int(state["stale_updates"])
+        self.applied_updates = int(state["applied_updates"])
+        self._credit = int(state["credit"])
+        self._warm = bool(state["warm"])
+        self.refresh()
+        self.state_replaced()
 
     # ------------------------------------------------------------------ sampling
     def sample(self, batch_size: int) -> TransitionBatch:

@@ -1,4 +1,4 @@
-"""Ray workers writing straight into replay shards; a shard killed mid-run.
+"""Ray workers writing straight into replay shards; a shard killed mid-run; shard checkpoints.
 
 The workers run the scripted collectors of ``test_ray.py`` (n-step windows folded in the worker, rows checkable by
 brute force from their observation codes ``[env, episode, step]``), so a shard's rows can be checked whole: each
@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from collectors import check_rows, episode_script, scripted_collector
 
 from ptl_rl import BatchSampler, PrioritizedDraws, ReplayBuffer, TransitionBatch, UniformDraws
@@ -217,3 +218,66 @@ def test_a_killed_shard_restarts_empty_and_training_goes_on(ray_session) -> None
             np.testing.assert_array_equal(now, ids[mine])  # the row is stored there now (no ring wrapped)
             assert (ids[mine] // 100_000 % K == k).all()
     shards.close()
+
+
+def _no_arrays(value: object) -> bool:
+    if isinstance(value, dict):
+        return all(_no_arrays(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_no_arrays(v) for v in value)
+    return isinstance(value, (str, int, float, bool, type(None)))
+
+
+def test_shards_save_into_their_own_directories_and_a_checkpoint_refers_to_them(ray_session, tmp_path) -> None:
+    """Each shard saves its buffer with save_buffer into its own directory; the state refers to them, holds no
+    arrays (torch.load(weights_only=True) reads it), and loads into new shards: same rows, same priorities,
+    new incarnations (an update of a batch drawn before the load is ignored)."""
+    rows = TransitionBatch(
+        obs=np.arange(90, dtype=np.float32)[:, None], env_id=np.arange(90) % 6, reward=np.zeros(90, np.float32)
+    )
+    shards = ReplayShards(big_prioritized_buffer, K, seed=4, checkpoint_dir=tmp_path / "a")
+    target = ReplayShards(big_prioritized_buffer, K, seed=5, checkpoint_dir=tmp_path / "b")
+    try:
+        writer = shards.writer()
+        writer.add(rows)
+        writer.flush()
+        replay = ShardedReplay(shards, warmup=90, seed=6, sync_updates=True)
+        next(replay)
+        batch = replay.sample(40)
+        batch.update_priorities(batch.obs[:, 0] / 10.0)
+        state = replay.state_dict()
+        assert _no_arrays(state), state
+        path = tmp_path / "checkpoint.pt"
+        torch.save(state, path)
+        loaded = torch.load(path, weights_only=True)
+        assert [s["directory"] for s in loaded["shards"]["saves"]] == [
+            str(tmp_path / "a" / f"shard-{k:03d}") for k in range(K)
+        ]
+        other = target.writer()
+        other.add(rows.rows(np.arange(30)))
+        other.flush()
+        restored = ShardedReplay(target, warmup=30, seed=7, sync_updates=True)
+        next(restored)
+        before = restored.sample(16)  # drawn from the rows the load replaces
+        lives = [s.incarnation for s in target.stats()]
+        restored.load_state_dict(loaded)
+        assert restored.batches_sampled == replay.batches_sampled and restored.applied_updates == 40
+        for k in range(K):
+            size = ray.get(shards.handles[k].stats.remote()).size
+            assert ray.get(target.handles[k].stats.remote()).size == size
+            want, got = (ray.get(s.handles[k].rows.remote(np.arange(size))) for s in (shards, target))
+            np.testing.assert_array_equal(got.obs, want.obs)
+            np.testing.assert_array_equal(
+                ray.get(target.handles[k].priorities.remote()), ray.get(shards.handles[k].priorities.remote())
+            )
+        assert all(s.incarnation != life for s, life in zip(target.stats(), lives, strict=True))
+        assert before.update_priorities(np.full(16, 9.0)) == 16  # rows of the shards' lives before the load
+        assert len(restored.sample(32)) == 32
+        shards.state_dict()  # a later save to the same directories replaces the one the checkpoint names
+        with pytest.raises(ValueError, match="refers to save"):
+            target.load_state_dict(loaded["shards"])
+        with pytest.raises(ValueError, match="checkpoint_dir"):
+            ReplayShards(big_prioritized_buffer, 1).state_dict()
+    finally:
+        shards.close()
+        target.close()
