@@ -1,12 +1,37 @@
-"""Scale-out collection: a background collector process (:class:`AsyncSource`) and Ray workers (:class:`RayWorkers`).
+"""Scale-out: a background collector process (:class:`AsyncSource`), Ray workers (:class:`RayWorkers`), and a
+sharded replay on Ray (:class:`ReplayShards`, :class:`ShardWriter`, :class:`ShardedReplay`).
 
 Importable without Ray: :mod:`ray` is imported only when a :class:`RayWorkers`
-stage starts (``pip install ptl_rl[ray]``). See ``docs/design/scale-out.md``.
+stage or the shards start (``pip install ptl_rl[ray]``). See ``docs/design/scale-out.md`` and
+``docs/design/replay-service.md``.
 """
 
 from ptl_rl.distributed.async_source import AsyncSource, CollectorError
 from ptl_rl.distributed.callbacks import WeightSync
 from ptl_rl.distributed.common import VERSION_FIELD, Collector, WorkerInfo
+from ptl_rl.distributed.rate_limit import RateLimit
 from ptl_rl.distributed.ray_workers import RayWorkers
+from ptl_rl.distributed.replay_shard import ReplayShard, ShardInfo, ShardSample, ShardStats
+from ptl_rl.distributed.replay_shards import ReplayShards
+from ptl_rl.distributed.shard_writer import ShardWriter, ShardWrites, shard_of
+from ptl_rl.distributed.sharded_replay import ShardedReplay
 
-__all__ = ["VERSION_FIELD", "AsyncSource", "Collector", "CollectorError", "RayWorkers", "WeightSync", "WorkerInfo"]
+__all__ = [
+    "VERSION_FIELD",
+    "AsyncSource",
+    "Collector",
+    "CollectorError",
+    "RateLimit",
+    "RayWorkers",
+    "ReplayShard",
+    "ReplayShards",
+    "ShardInfo",
+    "ShardSample",
+    "ShardStats",
+    "ShardWriter",
+    "ShardWrites",
+    "ShardedReplay",
+    "WeightSync",
+    "WorkerInfo",
+    "shard_of",
+]

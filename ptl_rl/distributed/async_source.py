@@ -42,7 +42,7 @@ class CollectorError(RuntimeError):
     """The collector (a background process or a remote worker) failed; the message holds its traceback."""
 
 
-class AsyncSource(RemoteSource):
+class AsyncSource(RemoteSource[TransitionBatch]):
     """A source stage whose env steps run in a background process while the learner trains.
 
     Args:

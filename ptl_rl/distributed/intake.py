@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from typing import Any, Self, overload
+from typing import Any, Self, TypeVar, overload
 
 import numpy as np
 
@@ -19,6 +19,8 @@ from ptl_rl.core.episode import Episode
 from ptl_rl.core.guard import WriteJournal
 from ptl_rl.core.stage import Stage
 from ptl_rl.distributed.common import VERSION_FIELD, Factory
+
+T_out = TypeVar("T_out", covariant=True)
 
 
 class StalenessTracker:
@@ -200,14 +202,15 @@ class Intake:
         self._staleness.load_state_dict(state["staleness"])
 
 
-class RemoteSource(Stage[TransitionBatch]):
+class RemoteSource(Stage[T_out]):
     """The base of a source stage whose envs step elsewhere (:class:`~ptl_rl.distributed.AsyncSource`,
     :class:`~ptl_rl.distributed.RayWorkers`): an :class:`Intake` of the collectors' messages, shown under the
     episode interface of an :class:`~ptl_rl.stages.source.ExperienceSource` (``total_steps``,
     ``episodes_finished``, ``recent_episodes``, ``pop_episodes``, ``episode_stats``).
 
     A subclass implements ``step()`` (taking each message in with ``self.intake.take``), ``close()`` (stop its
-    collectors) and ``restore()``: what the guard does before the step after one that was cut short.
+    collectors) and ``restore()``: what the guard does before the step after one that was cut short. ``T_out``:
+    what it yields (rows; or, for Ray workers writing to replay shards themselves, their counts).
     """
 
     one_row_per_env = False  # an n-step stage may run in the collector

@@ -6,6 +6,10 @@
     workers = RayWorkers(factory, num_workers=2, policy=net)
     RayWorkers -> ReplayBuffer -> BatchSampler -> to_dataloader
 
+    shards = ReplayShards(factory_of_a_buffer, num_shards=4)     # or: workers write to replay shards directly
+    workers = RayWorkers(factory, num_workers=2, policy=net, shards=shards)
+    RayWorkers (counts only) -> ShardedReplay(shards) -> BatchSampler -> to_dataloader
+
 Ray is imported only when the stage starts (``pip install ptl_rl[ray]``).
 """
 
@@ -25,6 +29,8 @@ from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.distributed.async_source import CollectorError
 from ptl_rl.distributed.common import BuiltCollector, Factory, WorkerInfo, factory_name, weights_of, worker_rank
 from ptl_rl.distributed.intake import RemoteSource
+from ptl_rl.distributed.replay_shards import ReplayShards
+from ptl_rl.distributed.shard_writer import ShardWriter, ShardWrites
 from ptl_rl.stages.source import Episode
 
 
@@ -41,9 +47,12 @@ def _ray() -> Any:
 class _CollectorActor:
     """The body of one Ray actor: a collector built by the factory, stepped ``steps`` pipeline batches per call."""
 
-    def __init__(self, factory: Factory, info: WorkerInfo, counters: tuple[int, int] | None) -> None:
+    def __init__(
+        self, factory: Factory, info: WorkerInfo, counters: tuple[int, int] | None, writer: ShardWriter | None = None
+    ) -> None:
         torch.set_num_threads(1)
         self.collector = BuiltCollector(factory, info)
+        self.writer = writer
         if counters is not None:
             self.collector.restore_counters(*counters)
         self.last_steps = self.collector.source.total_steps
@@ -64,6 +73,21 @@ class _CollectorActor:
         taken, self.last_steps = total - self.last_steps, total
         return (TransitionBatch.concat(batches) if batches else None), taken, episodes
 
+    def collect_into_shards(
+        self, version: int, weights: Mapping[str, torch.Tensor] | None, steps: int
+    ) -> tuple[int, int, list[Episode]]:
+        """As :meth:`collect`, but the rows go into the replay shards through this actor's writer, each pipeline
+        batch as it comes; returns the rows stored (every add answered before the call returns), env steps
+        taken, episodes finished."""
+        writer = self.writer
+        assert writer is not None  # (RayWorkers calls this only with shards)
+        batch, taken, episodes = self.collect(version, weights, steps)
+        stored = writer.rows_stored
+        if batch is not None:
+            writer.add(batch)
+        writer.flush()  # the learner counts only rows stored: a call that fails here counts none
+        return writer.rows_stored - stored, taken, episodes
+
     def pid(self) -> int:
         import os  # noqa: PLC0415
 
@@ -80,7 +104,7 @@ def _actor_class(ray: Any) -> Any:
     return _ACTOR_CLASS
 
 
-class RayWorkers(RemoteSource):
+class RayWorkers(RemoteSource[Any]):
     """A source stage whose transitions come from ``num_workers`` Ray actors.
 
     Args:
@@ -97,6 +121,15 @@ class RayWorkers(RemoteSource):
         max_restarts: restarts allowed per worker before the failure is raised.
         actor_options: passed to ``.options(...)`` of each actor (``num_cpus``,
             ``num_gpus``, ``resources``, ...); default ``{"num_cpus": 1}``.
+        shards: a :class:`~ptl_rl.distributed.ReplayShards`: each actor writes
+            its rows into these shards itself (a writer of its own, each env's
+            stream to shard ``env_id % K``), and ``next()`` yields a
+            :class:`~ptl_rl.distributed.ShardWrites` (rows stored, env steps,
+            episodes) per call instead of rows: no row passes through the
+            learner's process. Put a :class:`~ptl_rl.distributed.ShardedReplay`
+            of the same shards downstream. ``max_staleness`` needs the rows, so
+            it is refused here.
+        writer_in_flight: with ``shards``, each actor's writer's ``max_in_flight``.
 
     Every actor always has one call in flight, so actors collect while the
     learner trains; ``next()`` returns the rows of the first call to finish,
@@ -127,6 +160,8 @@ class RayWorkers(RemoteSource):
         max_restarts: int = 10,
         actor_options: Mapping[str, Any] | None = None,
         stats_window: int = 100,
+        shards: ReplayShards | None = None,
+        writer_in_flight: int = 8,
     ) -> None:
         if not callable(factory):
             raise TypeError(
@@ -134,7 +169,16 @@ class RayWorkers(RemoteSource):
             )
         if num_workers < 1 or steps_per_call < 1:
             raise ValueError(f"num_workers and steps_per_call must be >= 1, got {num_workers} and {steps_per_call}")
+        if shards is not None and max_staleness is not None:
+            raise ValueError(
+                "max_staleness drops rows when the learner takes them in, but with shards= the rows go from the "
+                "workers to the shards and never reach the learner; leave max_staleness=None (or collect without "
+                "shards)"
+            )
         super().__init__(factory, stats_window, max_staleness)
+        self.shards = shards
+        self.writer_in_flight = int(writer_in_flight)
+        self.rows_stored = 0  # with shards: rows the workers' calls stored, as far as the learner has received
         self.num_workers = int(num_workers)
         self.policy = policy
         self.steps_per_call = int(steps_per_call)
@@ -149,7 +193,7 @@ class RayWorkers(RemoteSource):
         self.actors: list[Any] = []
         self._actor_versions: list[int] = []
         self._pending: dict[Any, int] = {}  # object ref of a call in flight -> worker index
-        self._ready: deque[TransitionBatch] = deque()
+        self._ready: deque[TransitionBatch | ShardWrites] = deque()
         self._weights_ref: Any = None
         self._weights_version = -1
         self._snapshot: dict[str, torch.Tensor] | None = None  # the weights of ``version``, copied when published
@@ -213,7 +257,8 @@ class RayWorkers(RemoteSource):
         share = self.counters.total_steps // self.num_workers
         counters = (share, 0) if self._restore_counters or self.incarnations[worker] else None
         cls = _actor_class(self._ray)
-        self.actors[worker] = cls.options(**self.actor_options).remote(self.factory, info, counters)
+        writer = None if self.shards is None else self.shards.writer(self.writer_in_flight)
+        self.actors[worker] = cls.options(**self.actor_options).remote(self.factory, info, counters, writer)
         self._actor_versions[worker] = -1
         self._submit(worker)
 
@@ -222,7 +267,9 @@ class RayWorkers(RemoteSource):
         if self.policy is not None and self._actor_versions[worker] != self.version:
             weights = self._current_weights()
             self._actor_versions[worker] = self.version
-        ref = self.actors[worker].collect.remote(self.version, weights, self.steps_per_call)
+        actor = self.actors[worker]
+        collect = actor.collect if self.shards is None else actor.collect_into_shards
+        ref = collect.remote(self.version, weights, self.steps_per_call)
         self._pending[ref] = worker
 
     def _current_weights(self) -> Any:
@@ -279,8 +326,9 @@ class RayWorkers(RemoteSource):
         return self.version
 
     # ------------------------------------------------------------------ stage
-    def step(self) -> TransitionBatch:
-        """The rows of the next call to finish (within ``max_staleness``); starts the actors if none run."""
+    def step(self) -> TransitionBatch | ShardWrites:
+        """The rows of the next call to finish (within ``max_staleness``), or with ``shards`` its
+        :class:`~ptl_rl.distributed.ShardWrites`; starts the actors if none run."""
         if not self.actors:
             self.start()
         while not self._ready:
@@ -315,9 +363,40 @@ class RayWorkers(RemoteSource):
             self._restart(worker, error)
             return
         self._submit(worker)  # the actor collects the next call while the learner works on this one
-        batch = self.intake.take(batch, steps, episodes, self.version)
+        self._take(batch, steps, episodes)
+
+    def _take(self, result: TransitionBatch | int | None, steps: int, episodes: list[Episode]) -> None:
+        """Take a call's result in: its rows (or, with shards, the rows it stored), env steps and episodes."""
+        if isinstance(result, int):  # the rows are in the shards: count them
+            self.intake.take(None, steps, episodes, self.version)
+            self.rows_stored += result
+            self._ready.append(ShardWrites(result, steps, len(episodes)))
+            return
+        batch = self.intake.take(result, steps, episodes, self.version)
         if batch is not None and len(batch):
             self._ready.append(batch)
+
+    def count(self, out: object) -> int:
+        """Rows of one output (with ``shards``: the rows its call stored)."""
+        return out.rows if isinstance(out, ShardWrites) else super().count(out)
+
+    def drain(self) -> None:
+        """Wait for every call in flight and take its result in (queued for the next ``next()``s), sending no new
+        call, then :meth:`close`. With ``shards``, the counters then cover every row the workers stored."""
+        if not self.actors:
+            return
+        ray = self._ray
+        pending, self._pending = self._pending, {}
+        for ref, worker in pending.items():
+            try:
+                batch, steps, episodes = ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as error:
+                self.failures.append(f"worker {worker} (incarnation {self.incarnations[worker]}): {error}")
+                continue
+            self._take(batch, steps, episodes)
+        ready = list(self._ready)
+        self.close()
+        self._ready.extend(ready)
 
     def set_rank(self, rank: int, world_size: int | None = None) -> None:
         """Take the DDP rank (the Lightning adapter calls it): DDP ranks get disjoint worker ranks.

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
-import sys
 import time
 
 import numpy as np
@@ -19,36 +17,12 @@ from normalized_collector import (
     normalized_cartpole_collector,
     policy_network,
 )
-from paths import REPO, SUPPORT
 
 import ptl_rl
 from ptl_rl import BatchSampler, ReplayBuffer
 from ptl_rl.distributed import RayWorkers, intake, ray_workers
 
 ray = pytest.importorskip("ray")
-
-HERE = str(SUPPORT)  # the collectors' module, for the actors to import
-ROOT = str(REPO)
-
-
-@pytest.fixture(scope="session")
-def ray_session():
-    """One local Ray for the whole test session (it takes seconds and ~0.7 GB to start).
-
-    Token authentication is switched off for this throwaway local cluster; a
-    shared cluster should run with RAY_AUTH_MODE=token (see docs/design/scale-out.md).
-    The actors import the test helpers and this checkout's ptl_rl through PYTHONPATH.
-    """
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    path = os.pathsep.join([ROOT, HERE, *[p for p in sys.path if p]])
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": path}},
-    )
-    yield ray
-    ray.shutdown()
 
 
 def _push(workers: RayWorkers, policy: ShiftPolicy) -> int:

@@ -1,0 +1,177 @@
+"""ShardWriter: inserts rows straight into the replay shards, each env's stream into one shard.
+
+The routing rule, in one place (:func:`shard_of`): a row of env ``env_id`` goes to shard ``env_id % K``. Env ids
+are distinct across the workers, their restarts and DDP ranks (``WorkerInfo.rank`` offsets them), so each env's
+stream lands whole on one shard, in the order it was written: n-step windows are folded before the insert and
+sequence windows and hindsight episodes are built inside one shard, never across two. A writer holds only the
+shards' actor handles and is picklable: pass it to a collector (a Ray actor, a process, a factory) to write
+without going through the learner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ptl_rl.core.batch import TransitionBatch
+from ptl_rl.distributed.replay_shard import ShardStats
+
+
+class ShardWrites(NamedTuple):
+    """What a collector that writes to the shards itself reports for one call, instead of its rows.
+
+    :class:`~ptl_rl.distributed.RayWorkers` with ``shards=`` yields one per
+    worker call; :class:`~ptl_rl.distributed.ShardedReplay` takes ``rows`` as
+    the credit its upstream's batch would have given.
+
+    Attributes:
+        rows: rows the call stored in the shards (every add answered).
+        env_steps: env steps the call took.
+        episodes: episodes the call finished.
+    """
+
+    rows: int
+    env_steps: int
+    episodes: int
+
+
+def ray_module() -> Any:
+    """The ``ray`` module, imported on first use (``pip install 'ptl_rl[ray]'``)."""
+    try:
+        import ray  # noqa: PLC0415 - optional dependency
+    except ImportError as exc:
+        raise ImportError(
+            "the sharded replay needs Ray, which ptl_rl does not install by default: pip install 'ptl_rl[ray]'"
+        ) from exc
+    return ray
+
+
+def shard_of(env_id: np.ndarray, num_shards: int) -> np.ndarray:
+    """The shard of each row: ``env_id % num_shards`` (int64 [B] from ``env_id`` int [B]).
+
+    Every row of one env goes to one shard, so the windows and episodes a
+    shard's strategy builds from an env's stream are whole.
+    """
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    ids = np.asarray(env_id)
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"env_id must be integers of shape [B]; got {ids.dtype} of shape {ids.shape}")
+    shards: np.ndarray = np.mod(ids, num_shards).astype(np.int64, copy=False)
+    return shards
+
+
+def split_by_shard(batch: TransitionBatch, num_shards: int) -> list[tuple[int, TransitionBatch]]:
+    """``batch`` cut into one batch per shard that gets rows (rows of a shard keep their order)."""
+    if "env_id" not in batch:
+        raise ValueError(
+            "a batch written to the shards needs env_id (int [B]), which routes each env's rows to one shard; "
+            f"batches from ExperienceSource and NStepTransform carry it. Fields given: {sorted(batch.keys())}"
+        )
+    shards = shard_of(batch["env_id"], num_shards)
+    if len(shards) == 0:
+        return []
+    first = int(shards[0])
+    if (shards == first).all():  # the common case of one env per writer: no copy
+        return [(first, batch)]
+    order = np.argsort(shards, kind="stable")
+    bounds = np.searchsorted(shards[order], np.arange(num_shards + 1))
+    return [
+        (shard, batch.rows(order[bounds[shard] : bounds[shard + 1]]))
+        for shard in range(num_shards)  # a loop over shards, not rows
+        if bounds[shard + 1] > bounds[shard]
+    ]
+
+
+class ShardWriter:
+    """Writes transition batches into the shards, ``env_id % K`` deciding the shard of each row.
+
+    Args:
+        handles: the shards' Ray actor handles, in shard order (``ReplayShards.handles``).
+        max_in_flight: adds sent and not yet answered before :meth:`add` waits
+            for the oldest (backpressure: a writer cannot run unboundedly ahead
+            of a slow shard, or of a rate limit).
+        limiter: the shards' rate limiter actor (``ReplayShards.limiter``), or
+            ``None``: each add then waits in Ray, not in the writer, until its
+            rows may be written.
+
+    Adds are asynchronous: :meth:`add` sends and returns; :meth:`flush` waits
+    until every add sent has been stored and raises the first error a shard
+    gave (a batch it refused: wrong shape, dtype, or a reserved field; the
+    shard is left as it was, as a local buffer is). An add in flight to a
+    shard that died is dropped, not retried (counted in ``rows_dropped``;
+    ``rows_stored`` counts the adds answered): the shard restarts empty, and
+    later adds go to its new life. Picklable: a collector
+    that receives it writes to the shards directly.
+    """
+
+    def __init__(self, handles: Sequence[object], max_in_flight: int = 8, limiter: object | None = None) -> None:
+        if not handles:
+            raise ValueError("a ShardWriter needs the handles of at least one shard")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self.handles = list(handles)
+        self.max_in_flight = int(max_in_flight)
+        self.limiter = limiter
+        self.rows_written = 0  # rows sent
+        self.rows_stored = 0  # rows whose add a shard answered
+        self.rows_dropped = 0  # rows of adds in flight to a shard that died: not stored, not retried
+        self._in_flight: list[tuple[Any, int]] = []  # (object ref, rows) of adds sent, oldest first
+        self._last_grant: Any = None  # the rate limiter's grant of the last add
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.handles)
+
+    def add(self, batch: TransitionBatch) -> int:
+        """Send the rows of ``batch`` (fields ``[B, ...]``, ``env_id`` int [B]) to their shards; returns ``B``."""
+        parts = split_by_shard(batch, self.num_shards)
+        handles: list[Any] = self.handles
+        limiter: Any = self.limiter
+        grant = None
+        if limiter is not None and parts:  # granted in this writer's order (see RateLimiter.insert)
+            grant = self._last_grant = limiter.insert.remote(len(batch), self._last_grant)
+        for shard, rows in parts:
+            self._in_flight.append((handles[shard].add.remote(rows, grant), len(rows)))
+        excess = len(self._in_flight) - self.max_in_flight
+        if excess > 0:
+            self._collect(excess)
+        self.rows_written += len(batch)
+        return len(batch)
+
+    def flush(self) -> None:
+        """Wait until every add sent is stored; raises the first error a shard gave."""
+        self._collect(len(self._in_flight))
+
+    def _collect(self, count: int) -> list[ShardStats]:
+        """Wait for the ``count`` oldest adds (Ray runs one caller's calls to an actor in order)."""
+        done, self._in_flight = self._in_flight[:count], self._in_flight[count:]
+        if not done:
+            return []
+        ray = ray_module()
+        try:
+            stats: list[ShardStats] = ray.get([ref for ref, _ in done])
+        except ray.exceptions.RayActorError:  # a shard died: its adds in flight are dropped, the others counted
+            stats = []
+            for ref, rows in done:
+                try:
+                    stats.append(ray.get(ref))
+                except ray.exceptions.RayActorError:
+                    self.rows_dropped += rows
+                    continue
+                self.rows_stored += rows
+            return stats
+        self.rows_stored += sum(rows for _, rows in done)
+        return stats
+
+    def __getstate__(self) -> dict[str, Any]:
+        # (the adds in flight stay with the sender)
+        return {"handles": self.handles, "max_in_flight": self.max_in_flight, "limiter": self.limiter}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["handles"], state["max_in_flight"], state["limiter"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"ShardWriter(shards={self.num_shards}, rows_written={self.rows_written})"

@@ -1,0 +1,449 @@
+"""ShardedReplay: the learner's side of a sharded replay, a stage a BatchSampler draws from as from one buffer.
+
+::
+
+    ReplayShards(factory, K)  <- ShardWriter.add (collectors, directly)
+            |
+    ShardedReplay(shards) -> BatchSampler -> to_dataloader      (unchanged)
+
+Batches are distributed exactly as from one buffer holding every shard's rows
+(:mod:`ptl_rl.distributed.shard_sampling`); the next requests are kept in
+flight (``prefetch``) so a training step rarely waits on the shards; priorities
+fed back go to the shard holding each row (``shard``, ``indices``,
+``generations``), where a row overwritten since its draw is ignored.
+See ``docs/design/replay-service.md``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple, cast
+
+import numpy as np
+
+from ptl_rl.core._reprs import stage_repr
+from ptl_rl.core.batch import Numbers, TransitionBatch
+from ptl_rl.core.schedules import Schedule, as_schedule
+from ptl_rl.core.stage import Stage
+from ptl_rl.core.versions import check_version, versioned
+from ptl_rl.distributed.replay_shard import INCARNATION_FIELD, SHARD_FIELD, ShardSample, ShardStats
+from ptl_rl.distributed.replay_shards import ReplayShards
+from ptl_rl.distributed.shard_sampling import (
+    ShardedPriorityFeedback,
+    check_priorities,
+    merge_answers,
+    split_counts,
+)
+from ptl_rl.distributed.shard_writer import ShardWrites
+from ptl_rl.replay.feedback import to_numpy_1d
+
+
+class _Request(NamedTuple):
+    """A batch asked of the shards: its size, the masses it was split by (float64 [K]), the counts (int64 [K]),
+    one ref per shard."""
+
+    batch_size: int
+    masses: np.ndarray
+    counts: np.ndarray
+    refs: list[Any]
+
+
+class ShardedReplay(Stage["ShardedReplay"]):
+    """Samples batches across the shards of a :class:`~ptl_rl.distributed.ReplayShards`, as one buffer would.
+
+    A stage like a :class:`~ptl_rl.ReplayBuffer`: each ``next()`` yields
+    itself, for a :class:`~ptl_rl.BatchSampler` to call :meth:`sample`, so
+    ``to_dataloader(BatchSampler(ShardedReplay(shards), batch_size))`` and the
+    LightningModule are those of a local buffer.
+
+    Args:
+        shards: the shards to draw from (writers fill them: ``shards.writer()``).
+        upstream: optional stage whose batches this stage writes into the
+            shards itself (through the learner, like a local buffer's pulls:
+            ``transitions_per_yield`` per yield); or a stage that yields
+            :class:`~ptl_rl.distributed.ShardWrites` (``RayWorkers(...,
+            shards=shards)``, whose workers write the rows themselves): its
+            counts are the credit, ``transitions_per_yield`` rows stored by
+            the workers per yield, and this stage writes nothing; ``None`` when
+            collectors write to the shards directly, unpaced.
+        warmup: rows stored over all shards before the first yield.
+        transitions_per_yield: with an upstream, rows written per yield, on average.
+        prefetch: sample requests kept in flight beyond the one being used
+            (0: each batch is asked for when needed). A prefetched batch was
+            drawn before the priorities fed back from the batches before it
+            reached the shards (one step behind per request in flight).
+        beta: importance-sampling exponent (float or schedule); ``None``: the
+            shards' ``PrioritizedDraws`` schedule and clock (``"learner"``:
+            batches this stage drew; ``"env"``: rows added to all shards).
+        seed: seed of the generator that splits batches over the shards.
+        sync_updates: wait for the shards' answer to every priority update, so
+            ``batch.update_priorities`` returns the stale rows it skipped;
+            ``False`` (default) sends and returns 0, and the answers are
+            counted in :attr:`stale_updates` as they arrive.
+        poll_interval: seconds between two looks at the shards' sizes while
+            waiting for ``warmup`` without an upstream.
+        sample_timeout: seconds :meth:`sample` waits for a batch before it
+            raises ``TimeoutError`` (naming the rate limiter's counts when the
+            shards have one); ``None``: no limit. The request stays in flight:
+            the next call goes on waiting for it.
+
+    With a rate limit on the shards (``ReplayShards(rate_limit=...)``) each
+    request's rows are granted by the limiter before the shards draw them, so
+    a learner ahead of its writers waits there (a prefetched request counts as
+    sampled once granted).
+
+    A batch holds the stored fields ``[B, ...]``, ``shard`` and ``shard_incarnation`` (int64 [B]);
+    with a strategy that names its slots also ``indices`` and ``generations``
+    (int64 [B]), and with prioritized shards ``weights`` (float32 [B],
+    ``(N P(i)) ** -beta`` normalised by the batch's largest, over all shards)
+    and ``batch.update_priorities(td_errors)``. Rows come grouped by shard.
+    """
+
+    def __init__(
+        self,
+        shards: ReplayShards,
+        upstream: Iterator[TransitionBatch | ShardWrites] | None = None,
+        *,
+        warmup: int = 1_000,
+        transitions_per_yield: int = 1,
+        prefetch: int = 1,
+        beta: float | Schedule | None = None,
+        seed: int | None = None,
+        sync_updates: bool = False,
+        poll_interval: float = 0.01,
+        sample_timeout: float | None = None,
+    ) -> None:
+        if warmup < 0 or transitions_per_yield < 1 or prefetch < 0:
+            raise ValueError(
+                f"warmup and prefetch must be >= 0 and transitions_per_yield >= 1; got {warmup}, {prefetch} "
+                f"and {transitions_per_yield}"
+            )
+        limit = shards.rate_limit
+        writes_itself = upstream is not None and getattr(upstream, "shards", None) is None
+        if getattr(upstream, "shards", None) not in (None, shards):
+            raise ValueError(
+                "the upstream writes into other replay shards than this ShardedReplay samples; pass the same "
+                "ReplayShards to both (RayWorkers(..., shards=shards) and ShardedReplay(shards, workers))"
+            )
+        if writes_itself and limit is not None and limit.max_diff < sys.float_info.max:
+            raise ValueError(
+                "this ShardedReplay writes its upstream's rows itself, and the shards' rate limit would make those "
+                "writes wait for this learner's samples, which wait for its writes: give the learner's own replay "
+                "ratio with transitions_per_yield instead, or write from collectors (shards.writer())"
+            )
+        super().__init__(upstream)
+        self.shards = shards
+        self._ray = shards._ray
+        self._handles: list[Any] = shards.handles
+        info = shards.info()
+        self.prioritized = info.kind == "prioritized"
+        self.beta_schedule: Schedule | None = as_schedule(beta) if beta is not None else info.beta
+        self.beta_clock = info.beta_clock or "learner"
+        self.warmup = int(warmup)
+        self.transitions_per_yield = int(transitions_per_yield)
+        self.prefetch = int(prefetch)
+        self.sync_updates = bool(sync_updates)
+        self.poll_interval = float(poll_interval)
+        self.sample_timeout = sample_timeout
+        self._limiter: Any = shards.limiter
+        self._last_grant: Any = None
+        self.rng = np.random.default_rng(seed)
+        self.known: list[ShardStats] = [ShardStats(0, 0.0, 0)] * len(self._handles)
+        self.batches_sampled = 0
+        self.stale_updates = 0  # rows of priority updates the shards ignored (overwritten since the draw)
+        self.applied_updates = 0
+        self.shard_failures = 0  # requests asked again because a shard died or restarted empty since the split
+        self._writer = shards.writer() if writes_itself else None
+        self._warm = False
+        self._credit = 0
+        self._written = self._counted = 0
+        self._pending: deque[_Request] = deque()
+        self._updates: list[tuple[Any, int]] = []  # (ref, rows) of priority updates sent, not yet counted
+
+    # ------------------------------------------------------------------ sizes
+    def __len__(self) -> int:
+        """Rows stored over all shards, as of the shards' last answers."""
+        return sum(stats.size for stats in self.known)
+
+    def refresh(self) -> list[ShardStats]:
+        """Ask every shard for its size and mass now (waits); returns them in shard order."""
+        self.known = self.shards.stats()
+        return self.known
+
+    @property
+    def beta(self) -> float | None:
+        """The importance-sampling exponent now (``None`` for uniform shards)."""
+        if not self.prioritized or self.beta_schedule is None:
+            return None
+        step = self.batches_sampled if self.beta_clock == "learner" else sum(s.total_added for s in self.known)
+        return float(self.beta_schedule(step))
+
+    # ------------------------------------------------------------------ stage
+    def step(self) -> ShardedReplay:
+        """Write ``transitions_per_yield`` rows of the upstream (if any), wait for ``warmup`` rows; yield self."""
+        warming_up = not self._warm
+        if self.upstream is not None:
+            while self._credit < self.transitions_per_yield or (not self._warm and self._written < self.warmup):
+                self._credit += self._take_upstream()
+        if not self._warm:
+            self._wait_for_warmup()
+        if self.upstream is not None:
+            if warming_up:
+                self._credit = min(self._credit, self.transitions_per_yield)
+            self._credit -= self.transitions_per_yield
+        return self
+
+    def _take_upstream(self) -> int:
+        """One output of the upstream: a batch written into the shards, or a collector's count of the rows it
+        wrote itself; returns the rows."""
+        item = self.pull()
+        if isinstance(item, ShardWrites):
+            rows = item.rows
+        else:
+            assert self._writer is not None  # (an upstream of batches gets a writer)
+            self._writer.add(item)
+            rows = len(item)
+        self._written += rows
+        return rows
+
+    def _wait_for_warmup(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+        while sum(stats.size for stats in self.refresh()) < self.warmup:
+            if self.upstream is not None:  # (rows written may have been refused or overwritten)
+                self._take_upstream()
+                if self._writer is not None:
+                    self._writer.flush()
+            else:
+                time.sleep(self.poll_interval)
+        self._warm = True
+
+    def snapshot(self) -> object:
+        return self._credit  # rows written by a step cut short stay written (as a local buffer's adds)
+
+    def restore(self, snapshot: object) -> None:
+        self._credit = int(cast(int, snapshot))
+
+    def count(self, out: object) -> int:
+        """Rows written through this stage since the last count (the clock's items)."""
+        written, self._counted = self._written - self._counted, self._written
+        return written
+
+    STATE_VERSION = 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """The shards' saves (:meth:`ReplayShards.state_dict`: each shard saves its buffer into its own directory;
+        the state refers to them and holds no arrays) and this stage's counters. Priority updates sent are
+        waited for first, so the saved priorities include them. Shards without a ``checkpoint_dir`` are not
+        saved (``"shards": None``; their rows stay where they are), so a pipeline checkpoint still works."""
+        self.flush_updates()
+        state = {
+            "shards": None if self.shards.checkpoint_dir is None else self.shards.state_dict(),
+            "batches_sampled": self.batches_sampled,
+            "stale_updates": self.stale_updates,
+            "applied_updates": self.applied_updates,
+            "credit": self._credit,
+            "warm": self._warm,
+        }
+        return versioned(state, self.STATE_VERSION)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load the shards from their saves and the counters; requests and updates in flight are dropped (they
+        were of the rows replaced)."""
+        check_version(state, self.STATE_VERSION, type(self).__name__)
+        self._pending.clear()
+        self._updates = []
+        if state["shards"] is not None:
+            self.shards.load_state_dict(state["shards"])
+        self.batches_sampled = int(state["batches_sampled"])
+        self.stale_updates = int(state["stale_updates"])
+        self.applied_updates = int(state["applied_updates"])
+        self._credit = int(state["credit"])
+        self._warm = bool(state["warm"])
+        self.refresh()
+        self.state_replaced()
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, batch_size: int) -> TransitionBatch:
+        """``batch_size`` rows over all shards, each as likely as in one buffer holding them all.
+
+        Fields ``[B, ...]`` as stored, plus ``shard`` (int64 [B]) and, for
+        strategies that name their slots, ``indices``/``generations`` (int64
+        [B]); prioritized: ``weights`` (float32 [B]) and the priority feedback.
+        Raises ``ValueError`` (naming the fix, sending nothing) for a batch
+        larger than the rows stored.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self._count_updates(wait=False)
+        while True:
+            while self._pending and self._pending[0].batch_size != batch_size:
+                self._pending.popleft()  # asked for another batch size: its answers are dropped
+            if not self._pending:
+                self._pending.append(self._request(batch_size))
+            request = self._pending[0]
+            while len(self._pending) < 1 + self.prefetch:  # the next ones go out before this one is awaited
+                self._pending.append(self._request(batch_size))
+            answers = self._answers(request)
+            if self._pending and self._pending[0] is request:
+                self._pending.popleft()
+            if answers is not None:
+                break
+            # a shard died, or restarted empty, since the split: the requests in flight were split by masses
+            # it no longer has; ask again by the stats just learnt (the lost shard's rows are gone)
+            self.shard_failures += 1
+            self._pending.clear()
+        self.known = [answer.stats for answer in answers]
+        drawn = [(shard, answer) for shard, answer in enumerate(answers) if answer.batch is not None]
+        beta = self.beta
+        batch = merge_answers(drawn, request.masses, beta)
+        self.batches_sampled += 1
+        if beta is not None:
+            feedback = ShardedPriorityFeedback(
+                self, batch[SHARD_FIELD], batch["indices"], batch["generations"], batch[INCARNATION_FIELD]
+            )
+            batch.attach_priority_feedback(feedback)
+        return batch
+
+    def _answers(self, request: _Request) -> list[ShardSample] | None:
+        """Every shard's answer to ``request``; ``None`` when a shard died before answering or answered no rows
+        for a count above 0 (it restarted empty): :attr:`known` then holds what the shards said (0 for a dead
+        one), for the next split."""
+        ray = self._ray
+        try:
+            answers: list[ShardSample] = ray.get(request.refs, timeout=self.sample_timeout)
+        except ray.exceptions.RayActorError:
+            known = []
+            for ref in request.refs:
+                try:
+                    known.append(ray.get(ref, timeout=self.sample_timeout).stats)
+                except ray.exceptions.RayActorError:
+                    known.append(ShardStats(0, 0.0, 0, -1))  # restarting: empty when it answers again
+            self.known = known
+            return None
+        except ray.exceptions.GetTimeoutError:
+            held = "" if self._limiter is None else f"; the rate limiter has granted {self.shards.rate_counts()}"
+            raise TimeoutError(
+                f"no batch from the shards within {self.sample_timeout} s{held}. With a rate limit the learner "
+                "waits for writers to insert (samples_per_insert, error_buffer); without one, a shard is slow or "
+                "gone. The request stays in flight: sample() again goes on waiting"
+            ) from None
+        if any(answer.batch is None and count > 0 for answer, count in zip(answers, request.counts, strict=True)):
+            self.known = [answer.stats for answer in answers]
+            return None
+        return answers
+
+    def _request(self, batch_size: int) -> _Request:
+        """Split a batch over the shards by their last known masses and send every shard its count."""
+        if batch_size > len(self):
+            self.refresh()
+            if batch_size > len(self):
+                raise ValueError(
+                    f"cannot sample a batch of {batch_size} from a sharded replay holding {len(self)} transitions "
+                    f"in {len(self.known)} shards; set ShardedReplay(shards, warmup={batch_size}) or more so "
+                    "sampling starts later, or lower batch_size. Nothing was drawn or changed."
+                )
+        masses = np.array([stats.mass for stats in self.known], dtype=np.float64)
+        counts = split_counts(self.rng, batch_size, masses)
+        # every shard answers, a count of 0 with its stats only: the next split knows every shard's mass
+        grant = None
+        if self._limiter is not None:  # granted in the order asked (see RateLimiter.insert)
+            grant = self._last_grant = self._limiter.sample.remote(batch_size, self._last_grant)
+        refs = [handle.sample.remote(int(c), grant) for handle, c in zip(self._handles, counts, strict=True)]
+        return _Request(batch_size, masses, counts, refs)
+
+    # ------------------------------------------------------------------ priorities
+    def update_priorities(
+        self,
+        shard: Numbers,
+        indices: Numbers,
+        priorities: Numbers,
+        generations: Numbers | None = None,
+        incarnations: Numbers | None = None,
+    ) -> int:
+        """Send ``priorities`` (float [B], finite, ``>= 0``) of rows ``(shard, indices)`` (int [B]) to their shards.
+
+        Each shard applies them as a local buffer does (``(p + eps) ** alpha``);
+        rows whose ``generations`` (int [B]) no longer match their slot were
+        overwritten since the draw and are skipped there, and so are rows of
+        another ``incarnations`` (int [B]) of their shard (it restarted since
+        the draw; an update sent to a shard that dies before answering counts
+        its rows as stale too). Bad values raise a
+        ``ValueError`` here, before anything is sent. Returns the stale rows
+        skipped with ``sync_updates``, else 0 (counted in :attr:`stale_updates`
+        once the shards answer; :meth:`flush_updates` waits for them).
+        """
+        if not self.prioritized:
+            raise TypeError(
+                "these shards draw uniformly: they have no priorities to update; build them with a factory "
+                "whose buffer has draws=ptl_rl.PrioritizedDraws(...)"
+            )
+        shards = to_numpy_1d(shard, "shard", np.int64)
+        idx = to_numpy_1d(indices, "indices", np.int64)
+        values = to_numpy_1d(priorities, "priorities", np.float64)
+        gens = None if generations is None else to_numpy_1d(generations, "generations", np.int64)
+        incs = None if incarnations is None else to_numpy_1d(incarnations, "incarnations", np.int64)
+        if (
+            not (len(shards) == len(idx) == len(values))
+            or (gens is not None and len(gens) != len(idx))
+            or (incs is not None and len(incs) != len(idx))
+        ):
+            raise ValueError(
+                f"got {len(shards)} shards, {len(idx)} indices, {len(values)} priorities"
+                + ("" if gens is None else f" and {len(gens)} generations")
+                + "; pass one of each per sampled row, in the batch's order. No shard's priorities changed."
+            )
+        check_priorities(values)
+        if len(shards) and (shards.min() < 0 or shards.max() >= len(self._handles)):
+            raise ValueError(
+                f"shard must be in [0, {len(self._handles)}); got {shards.min()}..{shards.max()}. Pass the "
+                "shard field of a batch sampled from this replay. No shard's priorities changed."
+            )
+        lives = np.zeros(len(shards), np.int64) if incs is None else incs
+        for k in np.unique(shards).tolist():  # a loop over shards (and their lives), not rows
+            for life in np.unique(lives[shards == k]).tolist():
+                rows = (shards == k) & (lives == life)
+                stamps = None if gens is None else gens[rows]
+                incarnation = None if incs is None else int(life)
+                ref = self._handles[k].update_priorities.remote(idx[rows], values[rows], stamps, incarnation)
+                self._updates.append((ref, int(np.count_nonzero(rows))))
+        return self.flush_updates() if self.sync_updates else 0
+
+    def flush_updates(self) -> int:
+        """Wait for every priority update sent; returns the stale rows they skipped (errors raise here)."""
+        return self._count_updates(wait=True)
+
+    def _count_updates(self, wait: bool) -> int:
+        """Count the answers of the priority updates sent (all of them, waiting, or those already in)."""
+        if not self._updates:
+            return 0
+        if wait:
+            done, self._updates = self._updates, []
+        else:
+            ready, _ = self._ray.wait([ref for ref, _ in self._updates], num_returns=len(self._updates), timeout=0)
+            ready_set = set(ready)
+            done = [update for update in self._updates if update[0] in ready_set]
+            self._updates = [update for update in self._updates if update[0] not in ready_set]
+        ray = self._ray
+        try:
+            stale = int(sum(ray.get([ref for ref, _ in done])))  # (a shard's refusal raises here)
+        except ray.exceptions.RayActorError:  # a shard died before answering: its rows' updates are lost
+            stale = 0
+            for ref, rows in done:
+                try:
+                    stale += int(ray.get(ref))
+                except ray.exceptions.RayActorError:
+                    stale += rows
+        self.stale_updates += stale
+        self.applied_updates += sum(rows for _, rows in done) - stale
+        return stale
+
+    def __repr__(self) -> str:
+        """``ShardedReplay(shards=K, size=..., warmup=..., [beta=...])`` and the chain upstream."""
+        shown: dict[str, object] = {"shards": len(self._handles), "size": len(self), "warmup": self.warmup}
+        if self.prioritized:
+            shown["beta"] = self.beta
+        return stage_repr(self, **shown)
