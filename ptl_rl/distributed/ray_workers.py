@@ -27,81 +27,12 @@ from ptl_rl.core.batch import TransitionBatch
 from ptl_rl.core.ranks import distributed_rank
 from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.distributed.async_source import CollectorError
-from ptl_rl.distributed.common import BuiltCollector, Factory, WorkerInfo, factory_name, weights_of, worker_rank
+from ptl_rl.distributed.common import Factory, WorkerInfo, factory_name, weights_of, worker_rank
 from ptl_rl.distributed.intake import RemoteSource
+from ptl_rl.distributed.ray_collector import collector_actor_class, import_ray
 from ptl_rl.distributed.replay_shards import ReplayShards
-from ptl_rl.distributed.shard_writer import ShardWriter, ShardWrites
+from ptl_rl.distributed.shard_writer import ShardWrites
 from ptl_rl.stages.source import Episode
-
-
-def _ray() -> Any:
-    try:
-        import ray  # noqa: PLC0415 - optional dependency
-    except ImportError as exc:
-        raise ImportError(
-            "RayWorkers needs Ray, which ptl_rl does not install by default: pip install 'ptl_rl[ray]'"
-        ) from exc
-    return ray
-
-
-class _CollectorActor:
-    """The body of one Ray actor: a collector built by the factory, stepped ``steps`` pipeline batches per call."""
-
-    def __init__(
-        self, factory: Factory, info: WorkerInfo, counters: tuple[int, int] | None, writer: ShardWriter | None = None
-    ) -> None:
-        torch.set_num_threads(1)
-        self.collector = BuiltCollector(factory, info)
-        self.writer = writer
-        if counters is not None:
-            self.collector.restore_counters(*counters)
-        self.last_steps = self.collector.source.total_steps
-
-    def collect(
-        self, version: int, weights: Mapping[str, torch.Tensor] | None, steps: int
-    ) -> tuple[TransitionBatch | None, int, list[Episode]]:
-        """``steps`` pipeline batches as one batch (rows of all of them), env steps taken, episodes finished."""
-        if weights is not None or self.collector.version < 0:
-            self.collector.set_weights(version, weights)
-        batches, episodes = [], []
-        for _ in range(steps):  # a loop over vector steps, each a whole batch of rows
-            batch, _, finished = self.collector.next_batch()
-            if len(batch):
-                batches.append(batch)
-            episodes.extend(finished)
-        total = self.collector.source.total_steps
-        taken, self.last_steps = total - self.last_steps, total
-        return (TransitionBatch.concat(batches) if batches else None), taken, episodes
-
-    def collect_into_shards(
-        self, version: int, weights: Mapping[str, torch.Tensor] | None, steps: int
-    ) -> tuple[int, int, list[Episode]]:
-        """As :meth:`collect`, but the rows go into the replay shards through this actor's writer, each pipeline
-        batch as it comes; returns the rows stored (every add answered before the call returns), env steps
-        taken, episodes finished."""
-        writer = self.writer
-        assert writer is not None  # (RayWorkers calls this only with shards)
-        batch, taken, episodes = self.collect(version, weights, steps)
-        stored = writer.rows_stored
-        if batch is not None:
-            writer.add(batch)
-        writer.flush()  # the learner counts only rows stored: a call that fails here counts none
-        return writer.rows_stored - stored, taken, episodes
-
-    def pid(self) -> int:
-        import os  # noqa: PLC0415
-
-        return os.getpid()
-
-
-_ACTOR_CLASS: Any = None
-
-
-def _actor_class(ray: Any) -> Any:
-    global _ACTOR_CLASS  # noqa: PLW0603 - one remote class per process, made when Ray is first needed
-    if _ACTOR_CLASS is None:
-        _ACTOR_CLASS = ray.remote(_CollectorActor)
-    return _ACTOR_CLASS
 
 
 class RayWorkers(RemoteSource[Any]):
@@ -210,7 +141,7 @@ class RayWorkers(RemoteSource[Any]):
         """Start the actors (``next()`` does it when needed). Ray must be initialised (``ray.init(...)``)."""
         if self.actors:
             return
-        ray = self._ray = _ray()
+        ray = self._ray = import_ray()
         if not ray.is_initialized():
             raise RuntimeError(
                 "Ray is not initialised: call ray.init(num_cpus=...) on a single machine, or "
@@ -256,7 +187,7 @@ class RayWorkers(RemoteSource[Any]):
         # a fresh actor continues the learner's step count, so exploration schedules go on where they were
         share = self.counters.total_steps // self.num_workers
         counters = (share, 0) if self._restore_counters or self.incarnations[worker] else None
-        cls = _actor_class(self._ray)
+        cls = collector_actor_class(self._ray)
         writer = None if self.shards is None else self.shards.writer(self.writer_in_flight)
         self.actors[worker] = cls.options(**self.actor_options).remote(self.factory, info, counters, writer)
         self._actor_versions[worker] = -1

@@ -26,10 +26,9 @@ class ShardWrites(NamedTuple):
     worker call; :class:`~ptl_rl.distributed.ShardedReplay` takes ``rows`` as
     the credit its upstream's batch would have given.
 
-    Attributes:
-        rows: rows the call stored in the shards (every add answered).
-        env_steps: env steps the call took.
-        episodes: episodes the call finished.
+    Its fields: ``rows``, the rows the call stored in the shards (every add
+    answered); ``env_steps``, the env steps the call took; ``episodes``, the
+    episodes the call finished.
     """
 
     rows: int

@@ -31,14 +31,13 @@ from ptl_rl.core.stage import Stage
 from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.distributed.replay_shard import INCARNATION_FIELD, SHARD_FIELD, ShardSample, ShardStats
 from ptl_rl.distributed.replay_shards import ReplayShards
+from ptl_rl.distributed.shard_priorities import PriorityRouter
 from ptl_rl.distributed.shard_sampling import (
     ShardedPriorityFeedback,
-    check_priorities,
     merge_answers,
     split_counts,
 )
 from ptl_rl.distributed.shard_writer import ShardWrites
-from ptl_rl.replay.feedback import to_numpy_1d
 
 
 class _Request(NamedTuple):
@@ -153,15 +152,13 @@ class ShardedReplay(Stage["ShardedReplay"]):
         self.rng = np.random.default_rng(seed)
         self.known: list[ShardStats] = [ShardStats(0, 0.0, 0)] * len(self._handles)
         self.batches_sampled = 0
-        self.stale_updates = 0  # rows of priority updates the shards ignored (overwritten since the draw)
-        self.applied_updates = 0
         self.shard_failures = 0  # requests asked again because a shard died or restarted empty since the split
         self._writer = shards.writer() if writes_itself else None
         self._warm = False
         self._credit = 0
         self._written = self._counted = 0
         self._pending: deque[_Request] = deque()
-        self._updates: list[tuple[Any, int]] = []  # (ref, rows) of priority updates sent, not yet counted
+        self._router = PriorityRouter(self._ray, self._handles)  # priority updates sent, counted as answered
 
     # ------------------------------------------------------------------ sizes
     def __len__(self) -> int:
@@ -255,12 +252,10 @@ class ShardedReplay(Stage["ShardedReplay"]):
         were of the rows replaced)."""
         check_version(state, self.STATE_VERSION, type(self).__name__)
         self._pending.clear()
-        self._updates = []
         if state["shards"] is not None:
             self.shards.load_state_dict(state["shards"])
         self.batches_sampled = int(state["batches_sampled"])
-        self.stale_updates = int(state["stale_updates"])
-        self.applied_updates = int(state["applied_updates"])
+        self._router.reset(int(state["stale_updates"]), int(state["applied_updates"]))
         self._credit = int(state["credit"])
         self._warm = bool(state["warm"])
         self.refresh()
@@ -278,7 +273,7 @@ class ShardedReplay(Stage["ShardedReplay"]):
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self._count_updates(wait=False)
+        self._router.count(wait=False)
         while True:
             while self._pending and self._pending[0].batch_size != batch_size:
                 self._pending.popleft()  # asked for another batch size: its answers are dropped
@@ -355,7 +350,6 @@ class ShardedReplay(Stage["ShardedReplay"]):
         refs = [handle.sample.remote(int(c), grant) for handle, c in zip(self._handles, counts, strict=True)]
         return _Request(batch_size, masses, counts, refs)
 
-    # ------------------------------------------------------------------ priorities
     def update_priorities(
         self,
         shard: Numbers,
@@ -381,65 +375,22 @@ class ShardedReplay(Stage["ShardedReplay"]):
                 "these shards draw uniformly: they have no priorities to update; build them with a factory "
                 "whose buffer has draws=ptl_rl.PrioritizedDraws(...)"
             )
-        shards = to_numpy_1d(shard, "shard", np.int64)
-        idx = to_numpy_1d(indices, "indices", np.int64)
-        values = to_numpy_1d(priorities, "priorities", np.float64)
-        gens = None if generations is None else to_numpy_1d(generations, "generations", np.int64)
-        incs = None if incarnations is None else to_numpy_1d(incarnations, "incarnations", np.int64)
-        if (
-            not (len(shards) == len(idx) == len(values))
-            or (gens is not None and len(gens) != len(idx))
-            or (incs is not None and len(incs) != len(idx))
-        ):
-            raise ValueError(
-                f"got {len(shards)} shards, {len(idx)} indices, {len(values)} priorities"
-                + ("" if gens is None else f" and {len(gens)} generations")
-                + "; pass one of each per sampled row, in the batch's order. No shard's priorities changed."
-            )
-        check_priorities(values)
-        if len(shards) and (shards.min() < 0 or shards.max() >= len(self._handles)):
-            raise ValueError(
-                f"shard must be in [0, {len(self._handles)}); got {shards.min()}..{shards.max()}. Pass the "
-                "shard field of a batch sampled from this replay. No shard's priorities changed."
-            )
-        lives = np.zeros(len(shards), np.int64) if incs is None else incs
-        for k in np.unique(shards).tolist():  # a loop over shards (and their lives), not rows
-            for life in np.unique(lives[shards == k]).tolist():
-                rows = (shards == k) & (lives == life)
-                stamps = None if gens is None else gens[rows]
-                incarnation = None if incs is None else int(life)
-                ref = self._handles[k].update_priorities.remote(idx[rows], values[rows], stamps, incarnation)
-                self._updates.append((ref, int(np.count_nonzero(rows))))
+        self._router.send(shard, indices, priorities, generations, incarnations)
         return self.flush_updates() if self.sync_updates else 0
 
     def flush_updates(self) -> int:
         """Wait for every priority update sent; returns the stale rows they skipped (errors raise here)."""
-        return self._count_updates(wait=True)
+        return self._router.count(wait=True)
 
-    def _count_updates(self, wait: bool) -> int:
-        """Count the answers of the priority updates sent (all of them, waiting, or those already in)."""
-        if not self._updates:
-            return 0
-        if wait:
-            done, self._updates = self._updates, []
-        else:
-            ready, _ = self._ray.wait([ref for ref, _ in self._updates], num_returns=len(self._updates), timeout=0)
-            ready_set = set(ready)
-            done = [update for update in self._updates if update[0] in ready_set]
-            self._updates = [update for update in self._updates if update[0] not in ready_set]
-        ray = self._ray
-        try:
-            stale = int(sum(ray.get([ref for ref, _ in done])))  # (a shard's refusal raises here)
-        except ray.exceptions.RayActorError:  # a shard died before answering: its rows' updates are lost
-            stale = 0
-            for ref, rows in done:
-                try:
-                    stale += int(ray.get(ref))
-                except ray.exceptions.RayActorError:
-                    stale += rows
-        self.stale_updates += stale
-        self.applied_updates += sum(rows for _, rows in done) - stale
-        return stale
+    @property
+    def stale_updates(self) -> int:
+        """Rows of priority updates the shards ignored (overwritten, or of a shard's earlier incarnation)."""
+        return self._router.stale
+
+    @property
+    def applied_updates(self) -> int:
+        """Rows of priority updates the shards applied."""
+        return self._router.applied
 
     def __repr__(self) -> str:
         """``ShardedReplay(shards=K, size=..., warmup=..., [beta=...])`` and the chain upstream."""
