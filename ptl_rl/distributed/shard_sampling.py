@@ -23,6 +23,7 @@ import torch
 from ptl_rl.core.batch import Numbers, TransitionBatch
 from ptl_rl.distributed.replay_shard import INCARNATION_FIELD, SHARD_FIELD, ShardSample
 from ptl_rl.replay.feedback import to_numpy_1d
+from ptl_rl.replay.priority_draws import refuse_bad_priorities
 
 
 def split_counts(rng: np.random.Generator, batch_size: int, masses: np.ndarray) -> np.ndarray:
@@ -91,20 +92,7 @@ def merge_answers(
 
 def check_priorities(priorities: np.ndarray) -> None:
     """Refuse non-finite or negative priorities (float [B]) before anything is sent, naming the fix."""
-    bad = ~np.isfinite(priorities)
-    if bad.any():
-        raise ValueError(
-            f"priorities must be finite; got {priorities[bad][:5].tolist()} at rows "
-            f"{np.flatnonzero(bad)[:5].tolist()} (a diverging loss or target?). Fix the TD targets or clip "
-            "the errors, e.g. td.clamp(-100, 100), before feeding them back. No shard's priorities changed."
-        )
-    negative = priorities < 0
-    if negative.any():
-        raise ValueError(
-            f"priorities must be >= 0; got {priorities[negative][:5].tolist()} at rows "
-            f"{np.flatnonzero(negative)[:5].tolist()}. Pass absolute TD errors (td.abs()), or use "
-            "batch.update_priorities(td_errors), which takes the absolute value. No shard's priorities changed."
-        )
+    refuse_bad_priorities(priorities, "No shard's priorities changed.")
 
 
 class ShardedPriorityTarget(Protocol):

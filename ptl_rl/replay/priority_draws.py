@@ -190,20 +190,7 @@ class PrioritizedDraws(WeightedSlots):
 
     def _raise_bad_priorities(self, priorities: np.ndarray) -> None:
         """Raise the ``ValueError`` that names what is wrong with ``priorities`` and how to fix it."""
-        bad = ~np.isfinite(priorities)
-        if bad.any():
-            raise ValueError(
-                f"priorities must be finite; got {priorities[bad][:5].tolist()} at rows "
-                f"{np.flatnonzero(bad)[:5].tolist()} (a diverging loss or target?). Fix the TD targets or clip "
-                "the errors, e.g. td.clamp(-100, 100), before feeding them back. The priorities are unchanged."
-            )
-        negative = priorities < 0
-        if negative.any():
-            raise ValueError(
-                f"priorities must be >= 0; got {priorities[negative][:5].tolist()} at rows "
-                f"{np.flatnonzero(negative)[:5].tolist()}. Pass absolute TD errors (td.abs()), or use "
-                "batch.update_priorities(td_errors), which takes the absolute value. The priorities are unchanged."
-            )
+        refuse_bad_priorities(priorities, "The priorities are unchanged.")
         raise ValueError(
             f"(priority + eps) ** alpha overflows for priorities up to {priorities.max():.3g} with "
             f"alpha={self.alpha}; clip the TD errors. The priorities are unchanged."
@@ -302,3 +289,22 @@ class PrioritizedDraws(WeightedSlots):
     def __repr__(self) -> str:
         beta = f"{self.beta:g}" if self._bound else repr(self.beta_schedule)
         return f"PrioritizedDraws(alpha={self.alpha:g}, beta={beta}, beta_clock={self.beta_clock!r}, eps={self.eps:g})"
+
+
+def refuse_bad_priorities(priorities: np.ndarray, unchanged: str) -> None:
+    """Raise a ``ValueError`` naming the non-finite or negative values of ``priorities`` (float [B]) and the fix,
+    ending with ``unchanged`` (what the refusal left as it was); return if there are none."""
+    bad = ~np.isfinite(priorities)
+    if bad.any():
+        raise ValueError(
+            f"priorities must be finite; got {priorities[bad][:5].tolist()} at rows "
+            f"{np.flatnonzero(bad)[:5].tolist()} (a diverging loss or target?). Fix the TD targets or clip "
+            f"the errors, e.g. td.clamp(-100, 100), before feeding them back. {unchanged}"
+        )
+    negative = priorities < 0
+    if negative.any():
+        raise ValueError(
+            f"priorities must be >= 0; got {priorities[negative][:5].tolist()} at rows "
+            f"{np.flatnonzero(negative)[:5].tolist()}. Pass absolute TD errors (td.abs()), or use "
+            f"batch.update_priorities(td_errors), which takes the absolute value. {unchanged}"
+        )
