@@ -64,6 +64,7 @@ SPECS: list[tuple[str, str, list[str], list[tuple[str, str, bool]]]] = [
         [
             ("replay add, 8 rows (ops/s)", "ours_add", True),
             ("replay sample 256 to torch (ops/s)", "ours_sample", True),
+            ("replay sample 256 to torch (x bare ring)", "sample.ratio", True),
         ],
     ),
     (
@@ -96,6 +97,9 @@ SPECS: list[tuple[str, str, list[str], list[tuple[str, str, bool]]]] = [
             ("Lightning step, automatic optimization (steps/s)", "auto.steps_per_s", True),
             ("Lightning step, batches_per_step=10 (steps/s)", "grouped.steps_per_s", True),
             ("plain PyTorch loop, same pipeline (steps/s)", "plain.steps_per_s", True),
+            ("Lightning step, manual optimization (x plain loop)", "bare.vs_plain", True),
+            ("Lightning step, automatic optimization (x plain loop)", "auto.vs_plain", True),
+            ("Lightning step, batches_per_step=10 (x plain loop)", "grouped.vs_plain", True),
         ],
     ),
     (
@@ -123,6 +127,9 @@ def dig(medians: dict[str, Any], path: str) -> float | None:
     return None
 
 
+HIGHER = {figure: up for *_, figures in SPECS for figure, _, up in figures}  # higher is better, per figure
+
+
 def run_one(tree: Path, script: str, arguments: Sequence[str], results: Path) -> dict[str, Any]:
     """Run ``tree``'s ``benchmarks/<script>`` on ``tree``'s package; its record's medians."""
     environ = {**os.environ, "PYTHONPATH": str(tree)}
@@ -137,16 +144,28 @@ def _number(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3f}"
 
 
+def per_round(record: dict[str, Any], figure: str) -> str:
+    """The range of after / before over the rounds (above 1: better), each round's pair run back to back."""
+    values = record.get("repeats", {}).get(figure)
+    higher = record["medians"][figure].get("higher", HIGHER.get(figure))
+    if not values or higher is None:
+        return "-"
+    pairs = zip(values["before"], values["after"], strict=False)
+    ratios = sorted(after / before if higher else before / after for before, after in pairs)
+    return f"{ratios[0]:.2f}-{ratios[-1]:.2f}" if len(ratios) > 1 else f"{ratios[0]:.2f}"
+
+
 def table(records: list[dict]) -> str:
-    """The design record's table: each figure before and after, and the change (above 1: better)."""
+    """The design record's table: each figure before and after, the change (above 1: better), per round too."""
     rows = []
     for record in records[-1:]:
         for figure, values in record["medians"].items():
             rows.append([
                 figure, _number(values["before"]), _number(values["after"]), f"{values['better']:.2f}",
-                f"{values['rounds']}", _records.runs([record]),
+                per_round(record, figure), f"{values['rounds']}", _records.runs([record]),
             ])  # fmt: skip
-    return _records.rst_table(["figure", "before", "after", "after vs before", "rounds", "run (UTC)"], rows)
+    header = ["figure", "before", "after", "after vs before", "per round", "rounds", "run (UTC)"]
+    return _records.rst_table(header, rows)
 
 
 def main() -> None:
@@ -188,7 +207,14 @@ def main() -> None:
             continue
         before, after = statistics.median(values["before"]), statistics.median(values["after"])
         better = after / before if higher[figure] else before / after
-        medians[figure] = {"before": before, "after": after, "better": better, "rounds": len(values["after"])}
+        rounds_run = len(values["after"])
+        medians[figure] = {
+            "before": before,
+            "after": after,
+            "better": better,
+            "rounds": rounds_run,
+            "higher": higher[figure],
+        }
         print(f"{figure:55} {before:12,.4g} {after:12,.4g} {better:6.2f}")
     run.save(medians, rounds)
 
