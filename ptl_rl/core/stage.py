@@ -104,14 +104,17 @@ class Stage(Generic[T_co]):
             raise TypeError(f"this {type(self).__name__} has no upstream to pull from")
         item = next(upstream)
         record = self._guard_record or self._new_guard_record()
-        if record.numbered_upstream:
-            guard.note_upstream_seq(record, cast(NumberedStream, upstream).stream_seq)
+        numbered = record.numbered_upstream
+        if numbered is not None:
+            # a Stage upstream: its record read directly, two property calls fewer per pull than stream_seq
+            seq = numbered.stream_seq if numbered is not _OTHER_STREAM else cast(NumberedStream, upstream).stream_seq
+            guard.note_upstream_seq(record, seq)
         return item
 
     def consume_cut(self) -> bool:
         """Whether the stream was cut since the last call: a step of this stage was cut short, a stream
         number upstream was skipped, or :meth:`mark_cut` was called. ``True`` once per cut."""
-        return guard.consume_cut(self._guard)
+        return guard.consume_cut(self._guard_record or self._new_guard_record())
 
     def mark_cut(self) -> None:
         """Declare the stream cut (a reset of every env): the next output skips a number."""
@@ -157,13 +160,27 @@ class Stage(Generic[T_co]):
 
 
 class _StageRecord(guard.StepRecord):
-    """A stage's :class:`~ptl_rl.core.guard.StepRecord`, plus whether its upstream numbers its batches."""
+    """A stage's :class:`~ptl_rl.core.guard.StepRecord`, plus where its upstream's stream numbers are read.
+
+    ``numbered_upstream``: the upstream :class:`Stage`'s own record (its ``stream_seq``), ``_OTHER_STREAM`` for
+    another :class:`~ptl_rl.core.protocols.NumberedStream` (read through its attribute), ``None`` for an upstream
+    that does not number its batches.
+    """
 
     __slots__ = ("numbered_upstream",)
 
     def __init__(self, upstream: Any) -> None:
         super().__init__()
-        self.numbered_upstream = isinstance(upstream, NumberedStream)
+        self.numbered_upstream: guard.StepRecord | None
+        if isinstance(upstream, Stage):
+            self.numbered_upstream = upstream._guard_record or upstream._new_guard_record()
+        elif isinstance(upstream, NumberedStream):
+            self.numbered_upstream = _OTHER_STREAM
+        else:
+            self.numbered_upstream = None
+
+
+_OTHER_STREAM = guard.StepRecord()  # the marker of an upstream numbered by something other than a Stage
 
 
 @functools.cache
