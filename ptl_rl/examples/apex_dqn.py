@@ -43,6 +43,7 @@ import datetime
 import functools
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -102,6 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for flag in ("num_workers", "num_shards", "push_every", "steps_per_call", "rows_per_step"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if len(args.hidden) > 2 or min(args.hidden) < 1:
+        p.error(f"--hidden takes one or two positive widths, got {' '.join(map(str, args.hidden))}")
     if args.buffer_size < args.num_shards * args.batch_size:
         p.error(f"--buffer-size {args.buffer_size} is split over {args.num_shards} shards: give at least "
                 f"--num-shards x --batch-size = {args.num_shards * args.batch_size}")  # fmt: skip
@@ -148,19 +151,22 @@ def collector(info: WorkerInfo, *, args: argparse.Namespace, epsilons: list[floa
     return Collector(ptl_rl.NStepTransform(source, n=args.n_step, gamma=args.gamma), net)
 
 
-def shard_buffer(args: argparse.Namespace, pixels: bool) -> ptl_rl.ReplayBuffer:
-    """One shard's buffer (called in each shard actor): prioritized, a K-th of the capacity; on pixels each
-    frame stored once (``FrameStorage``: stacks along axis 0, ``next_obs`` n steps later)."""
+def shard_factory(args: argparse.Namespace, pixels: bool) -> Callable[[], ptl_rl.ReplayBuffer]:
+    """What each shard actor calls once for its buffer: prioritized, a K-th of the capacity; on pixels each frame
+    stored once (``FrameStorage``: stacks along axis 0, ``next_obs`` n steps later). Made of ptl_rl's classes
+    only, so a shard imports ptl_rl and not this example (nor Lightning)."""
     beta = ptl_rl.LinearSchedule(args.beta_start, 1.0, args.env_steps)  # clocked by rows written (= env steps)
     storage: Any = None  # (a FrameStorage factory: capacity -> storage)
     if pixels:
         storage = functools.partial(
             ptl_rl.FrameStorage, stack_axis=0, n_step=args.n_step, extra_frames=args.extra_frames
         )
-    return ptl_rl.ReplayBuffer(
+    return functools.partial(
+        ptl_rl.ReplayBuffer,
         capacity=args.buffer_size // args.num_shards,
         warmup=0,
         storage=storage,
+        # (pickled into each shard: every shard unpickles a strategy of its own)
         draws=ptl_rl.PrioritizedDraws(alpha=args.alpha, beta=beta, beta_clock="env"),
     )
 
@@ -232,8 +238,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             runtime_env={"env_vars": {"PYTHONPATH": path}},
         )
     epsilons = apex_epsilons(args.apex_eps, args.apex_alpha, args.num_workers)
-    shards = ReplayShards(functools.partial(shard_buffer, args, pixels), args.num_shards, seed=args.seed)
+    shards: ReplayShards | None = None
     try:
+        shards = ReplayShards(shard_factory(args, pixels), args.num_shards, seed=args.seed)
         # RayWorkers (counts) -> ShardedReplay -> BatchSampler: one gradient step per --rows-per-step rows stored
         workers = RayWorkers(
             functools.partial(collector, args=args, epsilons=epsilons),
@@ -301,7 +308,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         replay.flush_updates()
         shard_sizes = [stats.size for stats in shards.stats()]
     finally:
-        shards.close()
+        if shards is not None:
+            shards.close()
         if started_ray:
             ray.shutdown()
 
