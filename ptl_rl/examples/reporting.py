@@ -22,7 +22,7 @@ import argparse
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pytorch_lightning as pl
@@ -30,6 +30,22 @@ from pytorch_lightning.callbacks import Timer, TQDMProgressBar
 
 import ptl_rl
 from ptl_rl.examples.runs import RunDirectory
+
+
+class EpisodeSource(Protocol):
+    """What a run reads of the stage that steps the envs: an ``ExperienceSource``, or a ``RayWorkers`` counting
+    for its workers."""
+
+    @property
+    def total_steps(self) -> int: ...
+
+    @property
+    def episodes_finished(self) -> int: ...
+
+    def recent_episodes(self) -> list[ptl_rl.Episode]: ...
+
+    def pop_episodes(self) -> list[ptl_rl.Episode]: ...
+
 
 #: periodic evaluation k plays from seed + EVAL_SEED + 1000 k, its confirmation from seed + CONFIRM_SEED + 1000 k,
 #: the final evaluation from seed + FINAL_SEED: three disjoint ranges of start states, none the training envs' seeds
@@ -52,7 +68,8 @@ class Run(pl.Callback):
         algo: the example's short name (``dqn``), the run directory's prefix.
         args: the parsed flags (:func:`ptl_rl.examples.cli.example_parser`'s plus the algorithm's).
         model: the LightningModule (its class name goes into the config).
-        source: the pipeline's ExperienceSource; ``None`` for training from a dataset (no env steps).
+        source: the pipeline's ExperienceSource (or the ``RayWorkers`` in its place); ``None`` for training
+            from a dataset (no env steps).
         config: derived settings for ``config.json`` and ``hparams.yaml`` (schedules, sizes...).
     """
 
@@ -61,7 +78,7 @@ class Run(pl.Callback):
         algo: str,
         args: argparse.Namespace,
         model: pl.LightningModule,
-        source: ptl_rl.ExperienceSource | None,
+        source: EpisodeSource | None,
         config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
@@ -241,7 +258,7 @@ class EnvStepsProgressBar(TQDMProgressBar):
     summary's. This bar reads the count from the source whenever it refreshes.
     """
 
-    def __init__(self, source: ptl_rl.ExperienceSource | None, refresh_rate: int) -> None:
+    def __init__(self, source: EpisodeSource | None, refresh_rate: int) -> None:
         super().__init__(refresh_rate=refresh_rate)
         self.source = source
 

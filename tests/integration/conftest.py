@@ -25,6 +25,7 @@ def ray_session() -> Iterator[ModuleType]:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     path = os.pathsep.join([str(REPO), str(SUPPORT), *[p for p in sys.path if p]])
     ray.init(
+        address="local",  # a new local Ray, never one another process on this machine started
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,

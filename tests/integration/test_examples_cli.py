@@ -21,10 +21,11 @@ from ptl_rl.examples import cli, env_ids
 
 ROOT = REPO
 TESTS = SUPPORT  # catch_env, for dqn_atari's smoke run
-EXAMPLES = ["dqn", "dqn_atari", "a2c", "ppo", "sac", "offline_bc", "r2d2", "recurrent_ppo"]
+EXAMPLES = ["dqn", "dqn_atari", "apex_dqn", "a2c", "ppo", "sac", "offline_bc", "r2d2", "recurrent_ppo"]
 RUN_FILES = {"config.json", "hparams.yaml", "metrics.csv", "episodes.csv", "evaluations.csv", "summary.json"}
 
-# tiny runs: (module, argv); every one evaluates at least once and writes a run directory
+# tiny runs: (module, argv); every one evaluates at least once and writes a run directory (apex_dqn's runs on the
+# session's Ray, in test_apex_example.py)
 TINY = {
     "dqn": ["--env-steps", "1500", "--learning-starts", "500", "--eval-every", "500", "--eval-episodes", "2",
             "--final-eval-episodes", "2"],
