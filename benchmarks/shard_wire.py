@@ -136,7 +136,7 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=8)
     parser.add_argument("--steps", type=int, default=2000, help="vector steps per configuration")
     parser.add_argument("--steps-per-add", type=int, default=1, help="vector steps per writer add")
-    parser.add_argument("--window", type=int, default=512, help="frames each side keeps per channel")
+    parser.add_argument("--window", type=int, default=256, help="frames each side keeps per channel")
     parser.add_argument("--seed", type=int, default=0)
     _records.add_options(parser, "shard_wire")
     args = parser.parse_args()

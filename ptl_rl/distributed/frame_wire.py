@@ -26,8 +26,9 @@ import numpy as np
 
 from ptl_rl.core.batch import TransitionBatch
 
-#: frames an encoder keeps (and the shard's decoder of its channel): for 84x84 uint8 frames 3.6 MB each
-DEFAULT_WINDOW = 512
+#: frames an encoder keeps (and the shard's decoder of its channel): 1.8 MB each for 84x84 uint8 frames; a frame
+#: must outlive about (n + S) rows of each env of the writer on the shard (n=3, S=4: 36 envs per writer and shard)
+DEFAULT_WINDOW = 256
 
 _MULTIPLIERS = np.random.default_rng(0x5EED).integers(1, 2**63, size=1 << 16, dtype=np.uint64) | np.uint64(1)
 
@@ -106,7 +107,7 @@ def frames_as_stacks(frames: np.ndarray, stack_axis: int | None) -> np.ndarray:
     """The inverse of :func:`stacks_as_frames`: ``[B, S, *frame_shape]`` back to ``[B, *obs_shape]`` (contiguous)."""
     if stack_axis is None:
         return frames[:, 0]
-    return np.ascontiguousarray(np.moveaxis(frames, 1, stack_axis % (frames.ndim - 2) + 1))
+    return np.ascontiguousarray(np.moveaxis(frames, 1, stack_axis % (frames.ndim - 1) + 1))
 
 
 class FrameEncoder:
@@ -138,7 +139,8 @@ class FrameEncoder:
         obs, next_obs = np.asarray(batch["obs"]), np.asarray(batch["next_obs"])
         stacked = stacks_as_frames(np.concatenate([obs, next_obs]), self.stack_axis)  # [2B, S, *frame]
         frame_shape = stacked.shape[2:]
-        flat = stacked.reshape(stacked.shape[0] * stacked.shape[1], -1).view(np.uint8)  # [F, L] bytes
+        length = int(np.prod(frame_shape, dtype=np.int64))
+        flat = stacked.reshape(stacked.shape[0] * stacked.shape[1], length).view(np.uint8)  # [F, L] bytes
         if self.ring is not None and self.ring.shape[1] != flat.shape[1]:
             raise ValueError(
                 f"frames of {flat.shape[1]} bytes after frames of {self.ring.shape[1]}: the observations of one "

@@ -35,9 +35,6 @@ SHARD_FIELD = "shard"
 #: The field a sharded batch adds: the incarnation of the shard each row was drawn from (int64 [B]).
 INCARNATION_FIELD = "shard_incarnation"
 
-#: writers' channels whose frames a shard keeps (the least recently heard is forgotten beyond)
-MAX_CHANNELS = 256
-
 #: ``factory() -> ReplayBuffer``: called once in each shard's process; a module-level function or a
 #: ``functools.partial`` of one (Ray pickles it), building a buffer without an upstream.
 BufferFactory = Callable[[], ReplayBuffer]
@@ -167,10 +164,9 @@ class ReplayShard:
         once), rebuilt whole: the rows :meth:`add` of the full batch stores. Rows that follow a gap in the
         writer's channel (an add lost with this shard's earlier life) cannot be rebuilt and are dropped, all of
         the message's, until the writer starts a new epoch; the answer counts them (``dropped``)."""
-        decoder = self.decoders.pop(message.channel, None) or FrameDecoder()
-        self.decoders[message.channel] = decoder  # (last: the least recently heard channel is first)
-        if len(self.decoders) > MAX_CHANNELS:  # a channel forgotten and heard again is a gap, which heals
-            del self.decoders[next(iter(self.decoders))]
+        decoder = self.decoders.get(message.channel)
+        if decoder is None:  # (kept for this life: a channel forgotten and heard again would leave a hole in
+            decoder = self.decoders[message.channel] = FrameDecoder()  # its envs' streams, refused by n-step links)
         batch = decoder.decode(message)
         if batch is None:
             self.dropped_rows += len(message)
