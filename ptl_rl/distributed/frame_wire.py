@@ -66,7 +66,9 @@ class FrameMessage(NamedTuple):
     stack_axis: int | None
     fields: TransitionBatch
 
-    def __len__(self) -> int:
+    @property
+    def rows(self) -> int:
+        """``B``, the rows of the message (a tuple's ``len`` stays its fields')."""
         return int(self.refs.shape[1])
 
 
@@ -248,7 +250,7 @@ class FrameDecoder:
             seqs = start + np.arange(max(0, count - window), count)
             self.ring[seqs % window] = flat[seqs - start]
         self.received = start + count
-        stacks = out.view(frames.dtype).reshape(2, len(message), message.refs.shape[2], *frame_shape)
+        stacks = out.view(frames.dtype).reshape(2, message.rows, message.refs.shape[2], *frame_shape)
         rows = dict(message.fields.items())
         rows["obs"] = frames_as_stacks(stacks[0], message.stack_axis)
         rows["next_obs"] = frames_as_stacks(stacks[1], message.stack_axis)

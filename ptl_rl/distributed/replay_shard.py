@@ -169,8 +169,8 @@ class ReplayShard:
             decoder = self.decoders[message.channel] = FrameDecoder()  # its envs' streams, refused by n-step links)
         batch = decoder.decode(message)
         if batch is None:
-            self.dropped_rows += len(message)
-            return FrameAnswer(self.stats(), len(message))
+            self.dropped_rows += message.rows
+            return FrameAnswer(self.stats(), message.rows)
         return FrameAnswer(self.add(batch, grant), 0)
 
     def sample(self, count: int, grant: int | None = None) -> ShardSample:
