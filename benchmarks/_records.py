@@ -3,7 +3,7 @@
 Every benchmark run appends one record to ``benchmarks/results/<name>.json``
 (a JSON list, oldest first). A record of ``e2e.py``, ``collection.py``,
 ``buffer.py``, ``prioritized.py``, ``pixels.py``, ``lightning_overhead.py``,
-``rollout.py``, ``sequence.py`` and ``scaleout.py`` holds:
+``rollout.py``, ``sequence.py``, ``scaleout.py`` and ``shard_wire.py`` holds:
 
 ``benchmark``
     the script (and for ``scaleout.py`` its part: ``scaleout dqn``, ...).
@@ -85,6 +85,7 @@ PAGE_TABLES = {
         "pixels.py",
         "scaleout.py",
         "guard.py",
+        "shard_wire.py",
     ),
     "README.rst": ("mujoco.py",),
     "docs/design/robustness.md": ("guard.py",),

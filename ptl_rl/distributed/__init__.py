@@ -9,6 +9,7 @@ stage or the shards start (``pip install ptl_rl[ray]``). See ``docs/design/scale
 from ptl_rl.distributed.async_source import AsyncSource, CollectorError
 from ptl_rl.distributed.callbacks import WeightSync
 from ptl_rl.distributed.common import VERSION_FIELD, Collector, WorkerInfo
+from ptl_rl.distributed.frame_wire import FrameAnswer, FrameMessage, FrameWire
 from ptl_rl.distributed.rate_limit import RateLimit
 from ptl_rl.distributed.ray_workers import RayWorkers
 from ptl_rl.distributed.replay_shard import ReplayShard, ShardInfo, ShardSample, ShardStats
@@ -21,6 +22,9 @@ __all__ = [
     "AsyncSource",
     "Collector",
     "CollectorError",
+    "FrameAnswer",
+    "FrameMessage",
+    "FrameWire",
     "RateLimit",
     "RayWorkers",
     "ReplayShard",

@@ -20,9 +20,11 @@ import numpy as np
 
 from ptl_rl.core.batch import Numbers, TransitionBatch
 from ptl_rl.core.schedules import Schedule
+from ptl_rl.distributed.frame_wire import FrameAnswer, FrameDecoder, FrameMessage
 from ptl_rl.replay.buffer import ReplayBuffer
 from ptl_rl.replay.draws import UniformDraws, WeightedSlots
 from ptl_rl.replay.feedback import to_numpy_1d
+from ptl_rl.replay.frames import FrameStorage
 from ptl_rl.replay.hindsight import HindsightGoals
 from ptl_rl.replay.persist import load_buffer, read_manifest, save_buffer
 from ptl_rl.replay.priority_draws import PrioritizedDraws
@@ -80,12 +82,15 @@ class ShardSample(NamedTuple):
 
 class ShardInfo(NamedTuple):
     """How a shard draws (the same for every shard of one factory): ``kind`` is ``"uniform"`` or
-    ``"prioritized"``; for prioritized draws the strategy's ``beta`` schedule and ``beta_clock``."""
+    ``"prioritized"``; for prioritized draws the strategy's ``beta`` schedule and ``beta_clock``. ``frames``:
+    whether its storage is a ``FrameStorage`` (writers then send each frame once), stacked along ``stack_axis``."""
 
     kind: str
     beta: Schedule | None
     beta_clock: str | None
     capacity: int
+    frames: bool = False
+    stack_axis: int | None = None
 
 
 class ReplayShard:
@@ -119,15 +124,18 @@ class ReplayShard:
         # a Ray restart calls __init__ again with the same arguments: a fresh id tells the two lives apart
         self.incarnation = secrets.randbits(62)
         self.foreign_updates = 0  # rows of priority updates for an earlier incarnation's rows, ignored
+        self.decoders: dict[int, FrameDecoder] = {}  # per writer's channel: the pixel frames it sent
+        self.dropped_rows = 0  # rows of frame messages that followed a gap in their channel
         if seed is not None:
             buffer.rng = np.random.default_rng([int(seed), self.shard])
 
     def info(self) -> ShardInfo:
         """How this shard draws (read once by the learner's :class:`~ptl_rl.distributed.ShardedReplay`)."""
-        weighted = self.weighted
+        weighted, storage = self.weighted, self.buffer.storage
+        pixels = (True, storage.stack_axis) if isinstance(storage, FrameStorage) else (False, None)
         if isinstance(weighted, PrioritizedDraws):
-            return ShardInfo("prioritized", weighted.beta_schedule, weighted.beta_clock, self.buffer.capacity)
-        return ShardInfo("uniform", None, None, self.buffer.capacity)
+            return ShardInfo("prioritized", weighted.beta_schedule, weighted.beta_clock, self.buffer.capacity, *pixels)
+        return ShardInfo("uniform", None, None, self.buffer.capacity, *pixels)
 
     def stats(self) -> ShardStats:
         """Rows stored, total draw weight, rows ever added."""
@@ -150,6 +158,20 @@ class ReplayShard:
             )
         self.buffer.add(batch)
         return self.stats()
+
+    def add_frames(self, message: FrameMessage, grant: int | None = None) -> FrameAnswer:
+        """Store the rows of a writer's :class:`~ptl_rl.distributed.frame_wire.FrameMessage` (each frame sent
+        once), rebuilt whole: the rows :meth:`add` of the full batch stores. Rows that follow a gap in the
+        writer's channel (an add lost with this shard's earlier life) cannot be rebuilt and are dropped, all of
+        the message's, until the writer starts a new epoch; the answer counts them (``dropped``)."""
+        decoder = self.decoders.get(message.channel)
+        if decoder is None:  # (kept for this life: a channel forgotten and heard again would leave a hole in
+            decoder = self.decoders[message.channel] = FrameDecoder()  # its envs' streams, refused by n-step links)
+        batch = decoder.decode(message)
+        if batch is None:
+            self.dropped_rows += message.rows
+            return FrameAnswer(self.stats(), message.rows)
+        return FrameAnswer(self.add(batch, grant), 0)
 
     def sample(self, count: int, grant: int | None = None) -> ShardSample:
         """``count`` rows drawn as the buffer draws them, with their draw weights and the shard's stats.

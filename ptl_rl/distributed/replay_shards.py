@@ -20,6 +20,7 @@ from typing import Any
 
 from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.distributed.common import factory_name
+from ptl_rl.distributed.frame_wire import DEFAULT_WINDOW, FrameWire
 from ptl_rl.distributed.rate_limit import RateLimit, RateLimiter
 from ptl_rl.distributed.replay_shard import BufferFactory, ReplayShard, ShardInfo, ShardStats
 from ptl_rl.distributed.shard_writer import ShardWriter, ray_module
@@ -102,6 +103,7 @@ class ReplayShards:
         restart = {"max_restarts": self.max_restarts, "max_task_retries": 0}
         cls = _actor_class(ray, ReplayShard).options(**{**restart, **self.actor_options})
         self.handles: list[Any] = [cls.remote(factory, shard, seed) for shard in range(self.num_shards)]
+        self._info: ShardInfo | None = None
         self.rate_limit = rate_limit
         self.limiter: Any = None
         if rate_limit is not None:
@@ -110,14 +112,32 @@ class ReplayShards:
     def __len__(self) -> int:
         return self.num_shards
 
-    def writer(self, max_in_flight: int = 8) -> ShardWriter:
-        """A :class:`~ptl_rl.distributed.ShardWriter` to these shards (picklable: give one to each collector)."""
-        return ShardWriter(self.handles, max_in_flight, self.limiter)
+    def writer(
+        self, max_in_flight: int = 8, *, dedup_frames: bool | None = None, frame_window: int = DEFAULT_WINDOW
+    ) -> ShardWriter:
+        """A :class:`~ptl_rl.distributed.ShardWriter` to these shards (picklable: give one to each collector).
+
+        ``dedup_frames``: send each pixel frame once per shard (see
+        :mod:`~ptl_rl.distributed.frame_wire`). ``None`` (default): when the
+        shards' storage is a ``FrameStorage``; ``False``: full rows (as many
+        bytes as the rows); ``True`` is refused for other storages.
+        ``frame_window``: frames the writer and each shard keep per channel (a
+        frame sent more than that many frames ago on the channel is sent again).
+        """
+        info = self.info() if dedup_frames is not False else None
+        if dedup_frames and info is not None and not info.frames:
+            raise ValueError(
+                "dedup_frames=True sends frames that a shard's FrameStorage rebuilds stacks from, but these shards "
+                "do not store pixel rows in a FrameStorage; leave dedup_frames=None"
+            )
+        frames = FrameWire(info.stack_axis, frame_window) if info is not None and info.frames else None
+        return ShardWriter(self.handles, max_in_flight, self.limiter, frames)
 
     def info(self) -> ShardInfo:
         """How the shards draw (uniform or prioritized, beta), read from shard 0 (one factory makes them all)."""
-        info: ShardInfo = self._ray.get(self.handles[0].info.remote())
-        return info
+        if self._info is None:
+            self._info = self._ray.get(self.handles[0].info.remote())
+        return self._info
 
     def stats(self) -> list[ShardStats]:
         """Each shard's size, draw mass, rows ever added and incarnation, in shard order (waits for every shard;

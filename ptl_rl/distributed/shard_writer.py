@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ptl_rl.core.batch import TransitionBatch
-from ptl_rl.distributed.replay_shard import ShardStats
+from ptl_rl.distributed.frame_wire import FrameAnswer, FrameEncoder, FrameWire, new_channel
 
 
 class ShardWrites(NamedTuple):
@@ -95,6 +95,11 @@ class ShardWriter:
         limiter: the shards' rate limiter actor (``ReplayShards.limiter``), or
             ``None``: each add then waits in Ray, not in the writer, until its
             rows may be written.
+        frames: a :class:`~ptl_rl.distributed.frame_wire.FrameWire` when the
+            shards store pixel rows in a ``FrameStorage``: each shard's rows
+            then travel with each frame once (``obs``/``next_obs`` arrays
+            ``[B, *obs_shape]``; Dict observations travel whole), and the shard
+            rebuilds them whole (``ReplayShards.writer`` sets it). ``None``: full rows.
 
     Adds are asynchronous: :meth:`add` sends and returns; :meth:`flush` waits
     until every add sent has been stored and raises the first error a shard
@@ -102,11 +107,21 @@ class ShardWriter:
     shard is left as it was, as a local buffer is). An add in flight to a
     shard that died is dropped, not retried (counted in ``rows_dropped``;
     ``rows_stored`` counts the adds answered): the shard restarts empty, and
-    later adds go to its new life. Picklable: a collector
-    that receives it writes to the shards directly.
+    later adds go to its new life. With ``frames``, the rows of frame messages
+    sent after a lost one cannot be rebuilt: the shard drops them (counted in
+    ``rows_dropped``) until this writer, told so by the answer or by the lost
+    add's error, starts the shard's channel again with every frame it needs.
+    Picklable: a collector that receives it writes to the shards directly
+    (each copy a channel of its own).
     """
 
-    def __init__(self, handles: Sequence[object], max_in_flight: int = 8, limiter: object | None = None) -> None:
+    def __init__(
+        self,
+        handles: Sequence[object],
+        max_in_flight: int = 8,
+        limiter: object | None = None,
+        frames: FrameWire | None = None,
+    ) -> None:
         if not handles:
             raise ValueError("a ShardWriter needs the handles of at least one shard")
         if max_in_flight < 1:
@@ -117,7 +132,13 @@ class ShardWriter:
         self.rows_written = 0  # rows sent
         self.rows_stored = 0  # rows whose add a shard answered
         self.rows_dropped = 0  # rows of adds in flight to a shard that died: not stored, not retried
-        self._in_flight: list[tuple[Any, int]] = []  # (object ref, rows) of adds sent, oldest first
+        self.frames = frames
+        channel = new_channel()  # (a copy of a writer, and a restarted one, is a channel of its own)
+        self._encoders = (
+            [] if frames is None else [FrameEncoder(channel, frames.stack_axis, frames.window) for _ in handles]
+        )
+        # (object ref, rows, shard, the frame channel's epoch or -1) of adds sent, oldest first
+        self._in_flight: list[tuple[Any, int, int, int]] = []
         self._last_grant: Any = None  # the rate limiter's grant of the last add
 
     @property
@@ -133,7 +154,12 @@ class ShardWriter:
         if limiter is not None and parts:  # granted in this writer's order (see RateLimiter.insert)
             grant = self._last_grant = limiter.insert.remote(len(batch), self._last_grant)
         for shard, rows in parts:
-            self._in_flight.append((handles[shard].add.remote(rows, grant), len(rows)))
+            if self._encoders and isinstance(rows["obs"], np.ndarray) and isinstance(rows["next_obs"], np.ndarray):
+                encoder = self._encoders[shard]
+                ref = handles[shard].add_frames.remote(encoder.encode(rows), grant)
+                self._in_flight.append((ref, len(rows), shard, encoder.epoch))
+            else:
+                self._in_flight.append((handles[shard].add.remote(rows, grant), len(rows), shard, -1))
         excess = len(self._in_flight) - self.max_in_flight
         if excess > 0:
             self._collect(excess)
@@ -144,33 +170,45 @@ class ShardWriter:
         """Wait until every add sent is stored; raises the first error a shard gave."""
         self._collect(len(self._in_flight))
 
-    def _collect(self, count: int) -> list[ShardStats]:
+    def _collect(self, count: int) -> None:
         """Wait for the ``count`` oldest adds (Ray runs one caller's calls to an actor in order)."""
         done, self._in_flight = self._in_flight[:count], self._in_flight[count:]
         if not done:
-            return []
+            return
         ray = ray_module()
         try:
-            stats: list[ShardStats] = ray.get([ref for ref, _ in done])
+            answers: list[Any] = ray.get([ref for ref, *_ in done])
         except ray.exceptions.RayActorError:  # a shard died: its adds in flight are dropped, the others counted
-            stats = []
-            for ref, rows in done:
+            answers = []
+            for ref, rows, shard, epoch in done:
                 try:
-                    stats.append(ray.get(ref))
+                    answers.append(ray.get(ref))
                 except ray.exceptions.RayActorError:
-                    self.rows_dropped += rows
-                    continue
-                self.rows_stored += rows
-            return stats
-        self.rows_stored += sum(rows for _, rows in done)
-        return stats
+                    answers.append(FrameAnswer(None, rows))
+                    self._lost(shard, epoch)
+        for (_, rows, shard, epoch), answer in zip(done, answers, strict=True):
+            dropped = answer.dropped if isinstance(answer, FrameAnswer) else 0
+            if dropped:  # (rows after a gap in the frame channel: start it again)
+                self._lost(shard, epoch)
+            self.rows_dropped += dropped
+            self.rows_stored += rows - dropped
+
+    def _lost(self, shard: int, epoch: int) -> None:
+        """An add of ``epoch`` to ``shard`` was lost: the shard's channel starts again, once per epoch."""
+        if self._encoders and self._encoders[shard].epoch == epoch:
+            self._encoders[shard].reset()
 
     def __getstate__(self) -> dict[str, Any]:
         # (the adds in flight stay with the sender)
-        return {"handles": self.handles, "max_in_flight": self.max_in_flight, "limiter": self.limiter}
+        return {
+            "handles": self.handles,
+            "max_in_flight": self.max_in_flight,
+            "limiter": self.limiter,
+            "frames": self.frames,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["handles"], state["max_in_flight"], state["limiter"])  # type: ignore[misc]
+        self.__init__(state["handles"], state["max_in_flight"], state["limiter"], state.get("frames"))  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"ShardWriter(shards={self.num_shards}, rows_written={self.rows_written})"
