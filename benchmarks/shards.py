@@ -406,7 +406,7 @@ def table(records: list[dict[str, Any]]) -> str:
     rows = [[over("target", "{:g}"), over("achieved", "{:.3f}"), over("error_buffer", "{:,.0f}"),
              over("largest_deviation", "{:,.0f}"), over("blocked_inserts", "{:.0f}"),
              over("blocked_samples", "{:.0f}")]]  # fmt: skip
-    header = [f"limiter samples/insert, {when}", "achieved", "error buffer", "largest deviation",
+    header = [f"limiter: target samples/insert, {when}", "achieved", "error buffer", "largest deviation",
               "blocked inserts", "blocked samples"]  # fmt: skip
     out.append(_records.rst_table(header, rows))
     out.append(projection(records[-1]))
@@ -439,7 +439,7 @@ def projection(record: dict[str, Any]) -> str:
             rows.append([
                 f"{name}, {workers:,} workers", f"{inserted:,.0f}", f"{inserted * row_b / 1e6:,.0f}",
                 f"{math.ceil(inserted * us_row / 1e6):,}", f"{inserted / rows_per_add / grants_per_s:.2f}",
-                f"{sampled / inserted:.2f}",
+                f"{sampled / inserted:.3g}",
             ])  # fmt: skip
     header = [f"projection from {_records.date_of(record)}", "rows/s", "MB/s", "shards (cores)",
               "limiter cores", "max samples/insert"]  # fmt: skip
@@ -461,12 +461,12 @@ PAGES = (
 )
 
 
-def write_docs(text: str) -> None:
+def write_docs(text: str, root: str = ROOT) -> None:
     """Put ``text`` (the ``--table`` output) between each page's markers: the whole on the benchmarks page and
     the design record (a fenced block there), the projection alone in the README."""
     projection_only = "\n\n".join(text.split("\n\n")[-2:])
     for page, begin, end, short in PAGES:
-        path = os.path.join(ROOT, page)
+        path = os.path.join(root, page)
         with open(path) as handle:
             old = handle.read()
         head, _, rest = old.partition(begin + "\n")
