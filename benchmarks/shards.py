@@ -50,6 +50,7 @@ import argparse
 import math
 import os
 import sys
+import textwrap
 import time
 from typing import Any
 
@@ -450,7 +451,7 @@ def projection(record: dict[str, Any]) -> str:
         f"linearly in bytes; a grant per add of {rows_per_add} rows, {grants_per_s:,.0f} grants/s a limiter core; "
         "the learner samples 256-row batches at its measured rate with no writer busy and ingests only counts)"
     )
-    return _records.rst_table(header, rows) + "\n\n" + notes
+    return _records.rst_table(header, rows) + "\n\n" + textwrap.fill(notes, 100)
 
 
 # the pages that carry the tables, between two marker lines each: (page, begin, end, only the projection)
