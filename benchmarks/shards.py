@@ -19,8 +19,9 @@ shards, prefetch=1), 256)`` over 2 shards (uniform CartPole rows, prioritized
 CartPole rows, uniform Atari rows): us per batch. *priority update*:
 ``batch.update_priorities`` of 256 rows, sent asynchronously (the learner's
 cost, the flush at the end included) and with ``sync_updates=True`` (a round
-trip). *limiter*: one grant of one row (``RateLimiter.insert``, a limit that
-never blocks), waited for: us per round trip.
+trip). *limiter*: grants of one row (``RateLimiter.insert``, a limit that
+never blocks), each waited for (us per round trip) and 100 sent at once (us
+per grant: what one limiter actor serves).
 
 ``learner``: batches/s of 256 CartPole rows through ``ShardedReplay`` (2
 uniform shards, prefetch 1) + ``BatchSampler`` while 0, 1, 2 and 4 writer
@@ -224,6 +225,8 @@ def bench_ops(ray: Any, args: argparse.Namespace) -> dict[str, list[float]]:
         for _ in range(args.repeats):
             elapsed, calls = timed(args.seconds, lambda: ray.get(shards.limiter.insert.remote(1)))
             out.setdefault("limiter us_per_grant", []).append(1e6 * elapsed / calls)
+            elapsed, calls = timed(args.seconds, lambda: ray.get([shards.limiter.insert.remote(1) for _ in range(100)]))
+            out.setdefault("limiter us_per_grant_pipelined", []).append(1e6 * elapsed / (100 * calls))
     finally:
         shards.close()
     return out
@@ -381,7 +384,8 @@ def table(records: list[dict[str, Any]]) -> str:
         ops.append([f"sample 256, {label}", cell(records, ("ops", key), "{:,.0f}"), sampled(key)])
     for key, label in (("update async us_per_call", "priority update 256, sent"),
                        ("update sync us_per_call", "priority update 256, waited"),
-                       ("limiter us_per_grant", "limiter grant, waited")):  # fmt: skip
+                       ("limiter us_per_grant", "limiter grant, waited"),
+                       ("limiter us_per_grant_pipelined", "limiter grant, 100 in flight")):  # fmt: skip
         ops.append([label, cell(records, ("ops", key), "{:,.0f}"), "-"])
     out.append(_records.rst_table([f"operation, 2-node cluster, {when}", "us per call", "rows/s"], ops))
     busy = sorted({int(k.split()[0]) for r in records for k in r["medians"]["learner"] if k.endswith("batches_per_s")})
@@ -426,7 +430,7 @@ def projection(record: dict[str, Any]) -> str:
     per_byte = (us_at - us_cp) / (bytes_at - bytes_cp)  # linear in the row's bytes, through the two shapes
     dedup_bytes = args.dedup_bytes + bytes_at - 2 * int(np.prod(ATARI_SHAPE))  # one frame + the small fields
     us_dedup = us_cp + per_byte * (dedup_bytes - bytes_cp)
-    grants_per_s = 1e6 / ops["limiter us_per_grant"]
+    grants_per_s = 1e6 / ops.get("limiter us_per_grant_pipelined", ops["limiter us_per_grant"])
     learner = med["learner"]["0 batches_per_s"] * SAMPLE_BATCH  # rows/s the learner can sample, CartPole rows
     atari_sampled = 1e6 / ops["sample atari us_per_batch"] * SAMPLE_BATCH
     rows = []
