@@ -5,10 +5,12 @@ rate, ingest as shards are added, the rate limiter's achieved ratio, and a proje
     python benchmarks/shards.py --table                               # the docs' tables from the records
 
 The cluster is ``ray.cluster_utils.Cluster``: two raylets ("nodes") of one CPU
-each on this machine; shards and writer actors are placed with the ``SPREAD``
-strategy (the record holds how many shards landed on each node). Shards reserve
-no CPU (``ReplayShards``' default), so on 2 cores every part shares the same two
-cores: the learner (this process), the shards, the writers, the limiter.
+each on this machine. The shards split each node's CPU between them (``num_cpus``
+``1 / ceil(K / 2)``), which places them evenly on the two nodes (the record holds
+how many shards landed on each node); writer actors reserve none and are spread
+with the ``SPREAD`` strategy. Ray reserves CPUs, it does not pin processes, so
+on 2 cores every part shares the same two cores: the learner (this process),
+the shards, the writers, the limiter.
 
 ``ops``: the cost of each operation, median over repeats, each timed over
 ``--seconds``. *insert*: a ``ShardWriter`` in this process adds batches of
@@ -103,7 +105,9 @@ def shards_of(num_shards: int, atari: bool, prioritized: bool, rate_limit: RateL
     draws = ptl_rl.PrioritizedDraws(alpha=0.6, beta=0.4) if prioritized else None
     capacity = 2_048 if atari else 100_000
     factory = functools.partial(ptl_rl.ReplayBuffer, capacity=capacity, draws=draws)
-    options = {"num_cpus": 0, "scheduling_strategy": "SPREAD"}  # across the two nodes
+    # the shards split each node's CPU between them, which places them evenly on the two nodes (zero-CPU actors
+    # may all land on one); Ray reserves, it does not pin: every process still runs on any core
+    options = {"num_cpus": 1.0 / math.ceil(num_shards / 2), "scheduling_strategy": "SPREAD"}
     shards = ReplayShards(factory, num_shards, seed=0, actor_options=options, rate_limit=rate_limit)
     shards.stats()  # every shard started (its process imported ptl_rl): not timed
     shards.rate_counts()
