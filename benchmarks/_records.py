@@ -3,7 +3,7 @@
 Every benchmark run appends one record to ``benchmarks/results/<name>.json``
 (a JSON list, oldest first). A record of ``e2e.py``, ``collection.py``,
 ``buffer.py``, ``prioritized.py``, ``pixels.py``, ``lightning_overhead.py``,
-``rollout.py``, ``sequence.py``, ``scaleout.py`` and ``shard_wire.py`` holds:
+``rollout.py``, ``sequence.py``, ``scaleout.py``, ``shard_wire.py`` and ``shards.py`` holds:
 
 ``benchmark``
     the script (and for ``scaleout.py`` its part: ``scaleout dqn``, ...).
@@ -86,13 +86,19 @@ PAGE_TABLES = {
         "scaleout.py",
         "guard.py",
         "shard_wire.py",
+        "shards.py",
     ),
     "README.rst": ("mujoco.py",),
+    "docs/design/replay-service.md": ("shards.py",),
     "docs/design/robustness.md": ("guard.py",),
     "docs/design/layering.md": ("before_after.py",),
 }
 # a script whose table has no rows until its first record is committed: checked from then on
-AWAITING_RECORDS = {"guard.py": RESULTS / "guard.json", "before_after.py": RESULTS / "before_after.json"}
+AWAITING_RECORDS = {
+    "guard.py": RESULTS / "guard.json",
+    "before_after.py": RESULTS / "before_after.json",
+    "shards.py": RESULTS / "shards.json",
+}
 _OPTIONS = ("table", "results", "since", "last")  # the options added by add_options: not part of a run's config
 
 
