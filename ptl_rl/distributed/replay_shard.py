@@ -151,10 +151,14 @@ class ReplayShard:
         self.buffer.add(batch)
         return self.stats()
 
-    def sample(self, count: int, grant: int | None = None) -> ShardSample:
+    def sample(self, count: int, grant: int | None = None, seed: int | None = None) -> ShardSample:
         """``count`` rows drawn as the buffer draws them, with their draw weights and the shard's stats.
 
         ``grant``: the rate limiter's answer to the whole batch's sample (as for :meth:`add`).
+        ``seed``: the draw's random stream is ``(seed, shard)``, so the learner
+        that sent the seed decides it (each DDP rank its own, repeatable with a
+        fixed seed whichever learners the shard serves in between); ``None``:
+        the buffer's own generator.
 
         With replacement, like the local buffer; a ``count`` larger than the
         rows stored is drawn in independent draws of at most ``len(buffer)``
@@ -170,7 +174,13 @@ class ReplayShard:
         if count <= 0 or stats.mass <= 0.0:
             return ShardSample(None, np.zeros(0), stats)
         step = max(1, stats.size)
-        parts = [self.buffer.sample(min(step, count - lo)) for lo in range(0, count, step)]
+        buffer, own = self.buffer, self.buffer.rng
+        if seed is not None:  # (the buffer's strategy draws with buffer.rng: lend it the request's stream)
+            buffer.rng = np.random.default_rng([int(seed), self.shard])
+        try:
+            parts = [buffer.sample(min(step, count - lo)) for lo in range(0, count, step)]
+        finally:
+            buffer.rng = own
         batch = TransitionBatch.concat(parts)
         fields = {name: value for name, value in batch.items() if name != "weights"}  # recomputed over all shards
         if self.weighted is None:

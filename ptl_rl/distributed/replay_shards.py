@@ -110,6 +110,17 @@ class ReplayShards:
     def __len__(self) -> int:
         return self.num_shards
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (the actor handles, not the module): another process connected to the same Ray cluster
+        (``ray.init(address=...)``), e.g. each DDP rank's learner, samples these very shards."""
+        state = dict(self.__dict__)
+        del state["_ray"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._ray = ray_module()
+
     def writer(self, max_in_flight: int = 8) -> ShardWriter:
         """A :class:`~ptl_rl.distributed.ShardWriter` to these shards (picklable: give one to each collector)."""
         return ShardWriter(self.handles, max_in_flight, self.limiter)

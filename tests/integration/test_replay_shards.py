@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import time
 from collections.abc import Iterator
 
@@ -310,6 +311,55 @@ def test_a_shard_in_process_draws_more_rows_than_it_holds_with_their_mass() -> N
         shard.add(TransitionBatch(obs=np.zeros((1, 1)), env_id=np.zeros(1, dtype=np.int64), shard=np.zeros(1)))
     with pytest.raises(TypeError, match="must return a ptl_rl.ReplayBuffer"):
         ReplayShard(dict)  # type: ignore[arg-type]
+
+
+def test_a_shard_draws_a_request_with_the_stream_its_seed_names_and_keeps_its_own() -> None:
+    """The learner's seed decides the shard's draw (DDP ranks: their own streams at the same shard)."""
+    shard = ReplayShard(prioritized_buffer, shard=2, seed=0)
+    shard.add(TransitionBatch(obs=np.arange(50.0)[:, None], env_id=np.full(50, 2, dtype=np.int64)))
+    own = shard.buffer.rng.bit_generator.state
+    first, again, other = (shard.sample(64, None, seed) for seed in (11, 11, 12))
+    assert shard.buffer.rng.bit_generator.state == own  # lent, not advanced
+    assert first.batch is not None and again.batch is not None and other.batch is not None
+    assert first.batch.indices.tolist() == again.batch.indices.tolist() != other.batch.indices.tolist()
+    # the stream is (seed, shard): the buffer's own draw with that generator, 64 rows at most 50 a call
+    reference = prioritized_buffer()
+    reference.add(TransitionBatch(obs=np.arange(50.0)[:, None], env_id=np.full(50, 2, dtype=np.int64)))
+    reference.rng = np.random.default_rng([11, 2])
+    expected = np.concatenate([reference.sample(50).indices, reference.sample(14).indices])
+    assert first.batch.indices.tolist() == expected.tolist()
+
+
+def test_each_rank_samples_with_its_own_stream_and_a_checkpoint_resumes_it(prioritized_shards) -> None:
+    """Same seed: rank 0 twice draws the same batches, rank 1 others; a resumed state draws the batches the
+    saving learner drew next, the prefetched one included."""
+
+    def ids(replay: ShardedReplay, batches: int) -> list[list[int]]:
+        return [replay.sample(16).obs[:, 0].astype(np.int64).tolist() for _ in range(batches)]
+
+    replays = [ShardedReplay(prioritized_shards, warmup=N_ROWS, seed=21, prefetch=1) for _ in range(3)]
+    replays[2].set_rank(1)
+    drawn = [ids(replay, 4) for replay in replays]
+    assert drawn[0] == drawn[1]
+    assert all(a != b for a, b in zip(drawn[0], drawn[2], strict=True))
+    assert replays[2].rank == 1 and replays[0].rank == 0
+
+    state = replays[0].state_dict()  # one request in flight (prefetch=1)
+    assert torch.load(_saved(state), weights_only=True)["rank"] == 0
+    after = ids(replays[0], 3)
+    resumed = ShardedReplay(prioritized_shards, warmup=N_ROWS, seed=99, prefetch=0)
+    resumed.set_rank(1)
+    resumed.load_state_dict(state)
+    assert resumed.rank == 0 and ids(resumed, 3) == after
+    resumed.set_rank(0)  # the rank it holds: a no-op, the restored stream goes on
+    assert ids(resumed, 1) == ids(replays[0], 1)
+
+
+def _saved(state: dict) -> io.BytesIO:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
 
 
 def window_buffer() -> ReplayBuffer:
