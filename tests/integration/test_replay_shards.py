@@ -150,6 +150,60 @@ def test_importance_weights_equal_brute_force_over_all_priorities(prioritized_sh
             assert np.array_equal(stored.obs, batch.obs[rows])
 
 
+def test_initial_priorities_written_with_the_rows_are_stored_and_drawn_by(uniform_shards: ReplayShards) -> None:
+    """Ape-X's worker-side priorities: rows written with ``priority_of(id)`` hold exactly that weight, sampling
+    follows them as one buffer holding all rows with those priorities, and bad ones are refused, nothing sent."""
+    shards = ReplayShards(prioritized_buffer, K, seed=2)
+    try:
+        writer, rows, ids = shards.writer(), all_rows(), np.arange(N_ROWS)
+        for lo in range(0, 96, 16):  # batches mixing envs: the priorities are routed with their rows
+            writer.add(rows.rows(slice(lo, lo + 16)), priorities=priority_of(ids[lo : lo + 16]))
+        tail = rows.rows(slice(96, N_ROWS))  # the rest as a collector's pipeline gives them: a field (torch)
+        tail[ptl_rl.distributed.INITIAL_PRIORITY_FIELD] = torch.from_numpy(priority_of(ids[96:]).astype(np.float32))
+        writer.add(tail)
+        writer.flush()
+        for k, handle in enumerate(shards.handles):  # brute force: every stored slot's weight from its row's id
+            size = ray.get(handle.stats.remote()).size
+            stored = ray.get(handle.rows.remote(np.arange(size)))
+            assert ptl_rl.distributed.INITIAL_PRIORITY_FIELD not in stored
+            slot_ids = stored.obs[:, 0].astype(np.int64)
+            assert (shard_of(stored.env_id, K) == k).all()
+            expected = (priority_of(slot_ids) + EPS) ** ALPHA
+            np.testing.assert_allclose(ray.get(handle.priorities.remote()), expected, rtol=1e-6)
+        replay = ShardedReplay(shards, warmup=N_ROWS, seed=8, prefetch=2)
+        next(replay)
+        counts = _frequencies(replay, batches=60, batch_size=150)
+        statistic, dof = chi_square_statistic(counts, reference_probabilities(True))
+        assert statistic < chi_square_quantile(dof, SIGNIFICANCE), (statistic, dof)
+        batch = replay.sample(64)
+        mass = (priority_of(batch.obs[:, 0].astype(np.int64)) + EPS) ** ALPHA
+        raw = (N_ROWS * mass / ((priority_of(ids) + EPS) ** ALPHA).sum()) ** -BETA
+        np.testing.assert_allclose(batch.weights, raw / raw.max(), rtol=1e-4)
+
+        before = shards.stats()
+        one = rows.rows(slice(0, 4))
+        for bad, match in [
+            (np.array([1.0, np.nan, 1.0, 1.0]), "finite"),
+            (np.array([1.0, -2.0, 1.0, 1.0]), ">= 0"),
+            (np.ones(3), "3 initial priorities for 4 rows"),
+        ]:
+            with pytest.raises(ValueError, match=match):
+                writer.add(one, priorities=bad)
+        both = rows.rows(slice(0, 4))
+        both[ptl_rl.distributed.INITIAL_PRIORITY_FIELD] = np.ones(4)
+        with pytest.raises(ValueError, match="give them once"):
+            writer.add(both, priorities=np.ones(4))
+        assert writer.rows_written == N_ROWS and shards.stats() == before  # nothing sent, nothing lost
+    finally:
+        shards.close()
+    uniform_before = uniform_shards.stats()
+    writer = uniform_shards.writer()
+    writer.add(all_rows().rows(slice(0, 4)), priorities=np.ones(4))
+    with pytest.raises(TypeError, match="PrioritizedDraws"):  # a shard without priorities refuses, storing nothing
+        writer.flush()
+    assert uniform_shards.stats() == uniform_before
+
+
 def test_priority_updates_go_to_the_shard_holding_each_row(prioritized_shards: ReplayShards) -> None:
     replay = ShardedReplay(prioritized_shards, warmup=N_ROWS, seed=5, prefetch=0)
     next(replay)

@@ -14,10 +14,18 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from collectors import check_rows, episode_script, scripted_collector
+from collectors import check_rows, episode_script, prioritizing_collector, row_priority, scripted_collector
 
 from ptl_rl import BatchSampler, PrioritizedDraws, ReplayBuffer, TransitionBatch, UniformDraws
-from ptl_rl.distributed import RayWorkers, ReplayShard, ReplayShards, ShardedReplay, ShardWriter, ShardWrites
+from ptl_rl.distributed import (
+    INITIAL_PRIORITY_FIELD,
+    RayWorkers,
+    ReplayShard,
+    ReplayShards,
+    ShardedReplay,
+    ShardWriter,
+    ShardWrites,
+)
 
 ray = pytest.importorskip("ray")
 
@@ -112,6 +120,29 @@ ALPHA, EPS = 0.6, 1e-6
 
 def big_prioritized_buffer() -> ReplayBuffer:
     return ReplayBuffer(capacity=100_000, draws=PrioritizedDraws(alpha=ALPHA, beta=0.4, eps=EPS))
+
+
+def test_workers_initial_priorities_are_the_stored_ones(ray_session) -> None:
+    """A worker's pipeline attaches each row's priority (Ape-X); the shards store exactly those, not the maximum."""
+    shards = ReplayShards(big_prioritized_buffer, K, seed=4)
+    factory = functools.partial(prioritizing_collector, n=N, num_envs=NUM_ENVS)
+    workers = RayWorkers(factory, 1, shards=shards, steps_per_call=4, actor_options={"num_cpus": 0.5})
+    try:
+        replay = ShardedReplay(shards, workers, warmup=40, transitions_per_yield=8, seed=5)
+        sampler = BatchSampler(replay, batch_size=16)
+        for _ in range(5):
+            batch = next(sampler)
+            assert INITIAL_PRIORITY_FIELD not in batch
+        workers.drain()
+        for handle, rows in zip(shards.handles, _shard_rows(shards), strict=True):
+            assert INITIAL_PRIORITY_FIELD not in rows and len(rows["env_id"]) > 0
+            check_rows(rows, n=N)
+            expected = (row_priority(rows["obs"], rows["reward"]) + EPS) ** ALPHA  # brute force, from the rows
+            np.testing.assert_allclose(ray.get(handle.priorities.remote()), expected, rtol=1e-6)
+            assert len(np.unique(expected)) > 1  # (not all one value, as the maximum rule would give)
+    finally:
+        workers.close()
+        shards.close()
 
 
 @ray.remote
