@@ -35,12 +35,14 @@ class ShardWrites(NamedTuple):
 
     Its fields: ``rows``, the rows the call stored in the shards (every add
     answered); ``env_steps``, the env steps the call took; ``episodes``, the
-    episodes the call finished.
+    episodes the call finished; ``dropped``, the rows its writer dropped (adds
+    in flight to a shard that died: not stored, not retried).
     """
 
     rows: int
     env_steps: int
     episodes: int
+    dropped: int = 0
 
 
 def ray_module() -> Any:

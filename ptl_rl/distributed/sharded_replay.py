@@ -66,7 +66,7 @@ class ShardedReplay(Stage["ShardedReplay"]):
             batches this stage drew; ``"env"``: rows added to all shards).
         seed: seed of this learner's random stream: the generator that splits
             batches over the shards and seeds the shards' draws of them
-            (:class:`~ptl_rl.distributed.shard_requests.ShardRequests`). Under
+            (``shard_requests.ShardRequests``). Under
             DDP each rank derives its own from it (:meth:`set_rank`, called by
             the Lightning adapter), so the ranks sample the same shards with
             distinct streams; ``None``: fresh entropy.

@@ -530,3 +530,34 @@ def test_a_sample_to_insert_ratio_holds_writers_and_the_learner_to_it(ray_sessio
             ShardedReplay(shards, _rows_of_envs(0), warmup=20)
     finally:
         shards.close()
+
+
+def test_the_rate_limiters_counts_are_saved_with_the_shards_and_go_on_after_a_load(ray_session, tmp_path) -> None:
+    """A resumed run's limiter continues from the saved counts (a fresh one would hold the learner until
+    min_size rows were inserted again)."""
+    limit = RateLimit.sample_to_insert_ratio(1.0, 20, 8.0)  # inserts - samples in [12, 28] once 20 rows are in
+
+    def make() -> ReplayShards:
+        buffer = functools.partial(uniform_buffer, 100)
+        return ReplayShards(buffer, 1, seed=15, rate_limit=limit, checkpoint_dir=tmp_path / "replay")
+
+    shards = make()
+    try:
+        assert ray.get(_limited_collector.remote(shards.writer(), 0, 24)) == 24
+        replay = ShardedReplay(shards, warmup=20, seed=16, prefetch=0)
+        next(replay)
+        replay.sample(8)
+        saved = torch.load(_saved(replay.state_dict()), weights_only=True)
+        assert saved["shards"]["rate_counts"]["inserts"] == 24 and saved["shards"]["rate_counts"]["samples"] == 8
+    finally:
+        shards.close()
+    restored = make()
+    try:
+        assert restored.rate_counts()["inserts"] == 0
+        replay = ShardedReplay(restored, warmup=20, seed=16, prefetch=0, sample_timeout=60)
+        replay.load_state_dict(saved)
+        assert restored.rate_counts() == {k: saved["shards"]["rate_counts"][k] for k in restored.rate_counts()}
+        assert len(replay.sample(4)) == 4  # 24 - 12 >= 12: granted from the saved counts, no insert needed
+        assert restored.rate_counts()["samples"] == 12
+    finally:
+        restored.close()

@@ -122,6 +122,30 @@ def big_prioritized_buffer() -> ReplayBuffer:
     return ReplayBuffer(capacity=100_000, draws=PrioritizedDraws(alpha=ALPHA, beta=0.4, eps=EPS))
 
 
+def test_a_workers_rows_dropped_at_a_dead_shard_are_counted_by_the_learner(ray_session) -> None:
+    """Shard 1 is dead for good: a worker's adds to it are dropped; every ShardWrites says how many, and the
+    learner's counts add up to what the live shards hold."""
+    shards = ReplayShards(big_uniform_buffer, K, seed=6, max_restarts=0)
+    ray.get([handle.stats.remote() for handle in shards.handles])
+    ray.kill(shards.handles[1], no_restart=True)
+    factory = functools.partial(scripted_collector, n=N, num_envs=NUM_ENVS)  # envs 0, 1, 2: env 1 is shard 1's
+    workers = RayWorkers(factory, 1, shards=shards, steps_per_call=4, actor_options={"num_cpus": 0.5})
+    try:
+        seen = [next(workers) for _ in range(4)]
+        workers.drain()
+    finally:
+        workers.close()
+    assert all(isinstance(out, ShardWrites) for out in seen)
+    assert all(out.dropped > 0 for out in seen) and sum(out.dropped for out in seen) <= workers.rows_dropped
+    live = [shards.handles[0], shards.handles[2]]
+    rows = [ray.get(handle.rows.remote(np.arange(ray.get(handle.stats.remote()).size))) for handle in live]
+    assert workers.rows_stored == sum(len(r.env_id) for r in rows) > 0
+    assert sorted({int(e) for r in rows for e in r.env_id}) == [0, 2]
+    # env 1 steps with envs 0 and 2 in one vector env: its windows are dropped as theirs are stored
+    assert abs(workers.rows_dropped - workers.rows_stored / 2) <= 2 * (N - 1) + 4
+    shards.close()
+
+
 def test_workers_initial_priorities_are_the_stored_ones(ray_session) -> None:
     """A worker's pipeline attaches each row's priority (Ape-X); the shards store exactly those, not the maximum."""
     shards = ReplayShards(big_prioritized_buffer, K, seed=4)
