@@ -14,10 +14,11 @@ from ptl_rl.distributed.rate_limit import RateLimit
 from ptl_rl.distributed.ray_workers import RayWorkers
 from ptl_rl.distributed.replay_shard import ReplayShard, ShardInfo, ShardSample, ShardStats
 from ptl_rl.distributed.replay_shards import ReplayShards
-from ptl_rl.distributed.shard_writer import ShardWriter, ShardWrites, shard_of
+from ptl_rl.distributed.shard_writer import INITIAL_PRIORITY_FIELD, ShardWriter, ShardWrites, shard_of
 from ptl_rl.distributed.sharded_replay import ShardedReplay
 
 __all__ = [
+    "INITIAL_PRIORITY_FIELD",
     "VERSION_FIELD",
     "AsyncSource",
     "Collector",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Mapping
 from typing import NamedTuple
 
 
@@ -175,6 +176,17 @@ class RateLimiter:
             else:
                 self.blocked_samples += 1
         return int(rows)
+
+    async def load_counts(self, counts: Mapping[str, int]) -> dict[str, int]:
+        """Continue from ``counts`` (as :meth:`counts` returned them, e.g. from a checkpoint); the calls that
+        wait are looked at again under them. Returns the counts now."""
+        changed = self._condition()
+        async with changed:
+            self.inserts, self.samples = int(counts["inserts"]), int(counts["samples"])
+            self.blocked_inserts = int(counts.get("blocked_inserts", 0))
+            self.blocked_samples = int(counts.get("blocked_samples", 0))
+            changed.notify_all()
+        return self.counts()
 
     def counts(self) -> dict[str, int]:
         """Rows granted so far (``inserts``, ``samples``) and the calls that waited."""

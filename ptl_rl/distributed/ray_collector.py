@@ -56,18 +56,18 @@ class CollectorActor:
 
     def collect_into_shards(
         self, version: int, weights: Mapping[str, torch.Tensor] | None, steps: int
-    ) -> tuple[int, int, list[Episode]]:
+    ) -> tuple[tuple[int, int], int, list[Episode]]:
         """As :meth:`collect`, but the rows go into the replay shards through this actor's writer, each pipeline
-        batch as it comes; returns the rows stored (every add answered before the call returns), env steps
-        taken, episodes finished."""
+        batch as it comes; returns ``(rows stored, rows dropped)`` (every add answered before the call returns;
+        dropped: in flight to a shard that died), env steps taken, episodes finished."""
         writer = self.writer
         assert writer is not None  # (RayWorkers calls this only with shards)
         batch, taken, episodes = self.collect(version, weights, steps)
-        stored = writer.rows_stored
+        stored, dropped = writer.rows_stored, writer.rows_dropped
         if batch is not None:
             writer.add(batch)
         writer.flush()  # the learner counts only rows stored: a call that fails here counts none
-        return writer.rows_stored - stored, taken, episodes
+        return (writer.rows_stored - stored, writer.rows_dropped - dropped), taken, episodes
 
     def pid(self) -> int:
         import os  # noqa: PLC0415

@@ -110,6 +110,7 @@ class RayWorkers(RemoteSource[Any]):
         self.shards = shards
         self.writer_in_flight = int(writer_in_flight)
         self.rows_stored = 0  # with shards: rows the workers' calls stored, as far as the learner has received
+        self.rows_dropped = 0  # with shards: rows their writers dropped (in flight to a shard that died)
         self.num_workers = int(num_workers)
         self.policy = policy
         self.steps_per_call = int(steps_per_call)
@@ -296,12 +297,15 @@ class RayWorkers(RemoteSource[Any]):
         self._submit(worker)  # the actor collects the next call while the learner works on this one
         self._take(batch, steps, episodes)
 
-    def _take(self, result: TransitionBatch | int | None, steps: int, episodes: list[Episode]) -> None:
-        """Take a call's result in: its rows (or, with shards, the rows it stored), env steps and episodes."""
-        if isinstance(result, int):  # the rows are in the shards: count them
+    def _take(self, result: TransitionBatch | tuple[int, int] | None, steps: int, episodes: list[Episode]) -> None:
+        """Take a call's result in: its rows (or, with shards, the rows it stored and dropped), env steps and
+        episodes."""
+        if isinstance(result, tuple):  # the rows are in the shards: count them
             self.intake.take(None, steps, episodes, self.version)
-            self.rows_stored += result
-            self._ready.append(ShardWrites(result, steps, len(episodes)))
+            stored, dropped = result
+            self.rows_stored += stored
+            self.rows_dropped += dropped
+            self._ready.append(ShardWrites(stored, steps, len(episodes), dropped))
             return
         batch = self.intake.take(result, steps, episodes, self.version)
         if batch is not None and len(batch):

@@ -27,7 +27,7 @@ from ptl_rl.replay.feedback import to_numpy_1d
 from ptl_rl.replay.frames import FrameStorage
 from ptl_rl.replay.hindsight import HindsightGoals
 from ptl_rl.replay.persist import load_buffer, read_manifest, save_buffer
-from ptl_rl.replay.priority_draws import PrioritizedDraws
+from ptl_rl.replay.priority_draws import PrioritizedDraws, refuse_bad_priorities
 from ptl_rl.replay.windows import SequenceWindows
 
 #: The field a sharded batch adds: the shard each row was drawn from (int64 [B]); stored rows may not use it.
@@ -145,21 +145,46 @@ class ReplayShard:
         mass = float(size) if self.weighted is None else self.weighted.tree.total
         return ShardStats(size, mass, int(buffer.storage.total_added), self.incarnation)
 
-    def add(self, batch: TransitionBatch, grant: int | None = None) -> ShardStats:
+    def add(self, batch: TransitionBatch, grant: int | None = None, priorities: Numbers | None = None) -> ShardStats:
         """Store ``batch`` (``B`` rows, fields ``[B, ...]``) in this shard; returns the shard's stats after it.
 
         ``grant``: the rate limiter's answer to this insert (a Ray object ref
         when sent, resolved before the call runs: the call waits for it).
+        ``priorities``: the rows' initial priorities (float [B], finite, ``>= 0``;
+        a worker's own TD errors, as Ape-X's), stored as ``(p + eps) ** alpha``
+        instead of the largest stored weight; only for plain prioritized rows
+        (``PrioritizedDraws``). Refused before anything is written.
         """
         if SHARD_FIELD in batch or INCARNATION_FIELD in batch:
             raise ValueError(
                 f"fields {SHARD_FIELD!r} and {INCARNATION_FIELD!r} are added to batches sampled from a sharded "
                 "replay and cannot be stored; rename the agent extra"
             )
-        self.buffer.add(batch)
+        if priorities is None:
+            self.buffer.add(batch)
+            return self.stats()
+        draws = self.buffer.draws
+        if not isinstance(draws, PrioritizedDraws):
+            raise TypeError(
+                f"initial priorities are for rows drawn by priority; this shard draws with {type(draws).__name__}. "
+                "Build the shards with draws=ptl_rl.PrioritizedDraws(...), or write without priorities. "
+                "Nothing was written."
+            )
+        values = to_numpy_1d(priorities, "priorities", np.float64)
+        if len(values) != len(batch):
+            raise ValueError(
+                f"got {len(values)} initial priorities for {len(batch)} rows; pass one per row, in the batch's "
+                "order. Nothing was written."
+            )
+        refuse_bad_priorities(values, "Nothing was written.")
+        weights = draws.weights_of(values)  # (and an overflow of (p + eps) ** alpha, before the rows are written)
+        slots = self.buffer.add(batch)
+        draws.tree.update(slots, weights[len(weights) - len(slots) :])  # (the newest rows, if the ring wrapped)
         return self.stats()
 
-    def add_frames(self, message: FrameMessage, grant: int | None = None) -> FrameAnswer:
+    def add_frames(
+        self, message: FrameMessage, grant: int | None = None, priorities: Numbers | None = None
+    ) -> FrameAnswer:
         """Store the rows of a writer's :class:`~ptl_rl.distributed.frame_wire.FrameMessage` (each frame sent
         once), rebuilt whole: the rows :meth:`add` of the full batch stores. Rows that follow a gap in the
         writer's channel (an add lost with this shard's earlier life) cannot be rebuilt and are dropped, all of
@@ -171,12 +196,16 @@ class ReplayShard:
         if batch is None:
             self.dropped_rows += message.rows
             return FrameAnswer(self.stats(), message.rows)
-        return FrameAnswer(self.add(batch, grant), 0)
+        return FrameAnswer(self.add(batch, grant, priorities), 0)
 
-    def sample(self, count: int, grant: int | None = None) -> ShardSample:
+    def sample(self, count: int, grant: int | None = None, seed: int | None = None) -> ShardSample:
         """``count`` rows drawn as the buffer draws them, with their draw weights and the shard's stats.
 
         ``grant``: the rate limiter's answer to the whole batch's sample (as for :meth:`add`).
+        ``seed``: the draw's random stream is ``(seed, shard)``, so the learner
+        that sent the seed decides it (each DDP rank its own, repeatable with a
+        fixed seed whichever learners the shard serves in between); ``None``:
+        the buffer's own generator.
 
         With replacement, like the local buffer; a ``count`` larger than the
         rows stored is drawn in independent draws of at most ``len(buffer)``
@@ -192,7 +221,13 @@ class ReplayShard:
         if count <= 0 or stats.mass <= 0.0:
             return ShardSample(None, np.zeros(0), stats)
         step = max(1, stats.size)
-        parts = [self.buffer.sample(min(step, count - lo)) for lo in range(0, count, step)]
+        buffer, own = self.buffer, self.buffer.rng
+        if seed is not None:  # (the buffer's strategy draws with buffer.rng: lend it the request's stream)
+            buffer.rng = np.random.default_rng([int(seed), self.shard])
+        try:
+            parts = [buffer.sample(min(step, count - lo)) for lo in range(0, count, step)]
+        finally:
+            buffer.rng = own
         batch = TransitionBatch.concat(parts)
         fields = {name: value for name, value in batch.items() if name != "weights"}  # recomputed over all shards
         if self.weighted is None:

@@ -112,6 +112,17 @@ class ReplayShards:
     def __len__(self) -> int:
         return self.num_shards
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (the actor handles, not the module): another process connected to the same Ray cluster
+        (``ray.init(address=...)``), e.g. each DDP rank's learner, samples these very shards."""
+        state = dict(self.__dict__)
+        del state["_ray"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._ray = ray_module()
+
     def writer(
         self, max_in_flight: int = 8, *, dedup_frames: bool | None = None, frame_window: int = DEFAULT_WINDOW
     ) -> ShardWriter:
@@ -163,16 +174,18 @@ class ReplayShards:
         counts: dict[str, int] = self._ray.get(self.limiter.counts.remote())
         return counts
 
-    STATE_VERSION = 1
+    STATE_VERSION = 2  # 2: the rate limiter's counts
 
     def save(self, root: str | os.PathLike[str]) -> dict[str, Any]:
         """Have every shard save its buffer to ``root/shard-<k>`` (in its own process, all at once); returns
-        what a checkpoint keeps: the directories and save ids, plain strings and ints (no arrays), so
-        ``torch.load(weights_only=True)`` reads it. A later save to the same root replaces these saves."""
+        what a checkpoint keeps: the directories and save ids and, with a rate limit, the limiter's counts
+        (read once the saves are done), plain strings and ints (no arrays), so ``torch.load(weights_only=True)``
+        reads it. A later save to the same root replaces these saves."""
         root = os.path.abspath(os.fspath(root))
         refs = [h.save.remote(os.path.join(root, f"shard-{k:03d}")) for k, h in enumerate(self.handles)]
         saves: list[dict[str, str]] = self._ray.get(refs)
-        return versioned({"num_shards": self.num_shards, "saves": saves}, self.STATE_VERSION)
+        state = {"num_shards": self.num_shards, "saves": saves, "rate_counts": self.rate_counts() or None}
+        return versioned(state, self.STATE_VERSION)
 
     def state_dict(self) -> dict[str, Any]:
         """:meth:`save` to ``checkpoint_dir``: a reference to each shard's save, no rows."""
@@ -185,7 +198,8 @@ class ReplayShards:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load every shard from the save the checkpoint refers to (a save replaced since is refused, naming
-        it); each shard takes a new incarnation."""
+        it); each shard takes a new incarnation. The rate limiter, if both these shards and the saved ones have
+        one, continues from the saved counts."""
         check_version(state, self.STATE_VERSION, type(self).__name__)
         if int(state["num_shards"]) != self.num_shards:
             raise ValueError(
@@ -194,6 +208,9 @@ class ReplayShards:
             )
         refs = [h.load.remote(s["directory"], s["save_id"]) for h, s in zip(self.handles, state["saves"], strict=True)]
         self._ray.get(refs)
+        counts = state.get("rate_counts")  # (version 1 has none: the limiter's counts stay)
+        if counts is not None and self.limiter is not None:
+            self._ray.get(self.limiter.load_counts.remote(counts))
 
     def close(self) -> None:
         """Kill the actors (their rows are lost)."""

@@ -15,8 +15,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ptl_rl.core.batch import TransitionBatch
+from ptl_rl.core.batch import Numbers, TransitionBatch
 from ptl_rl.distributed.frame_wire import FrameAnswer, FrameEncoder, FrameWire, new_channel
+from ptl_rl.replay.feedback import to_numpy_1d
+from ptl_rl.replay.priority_draws import refuse_bad_priorities
+
+#: A field a collector's pipeline may attach to its batches (float [B]): each row's initial priority (Ape-X's
+#: worker-side priorities, e.g. the collector's own TD errors). :meth:`ShardWriter.add` takes it out of the batch
+#: and stores the rows with it (the field itself is not stored).
+INITIAL_PRIORITY_FIELD = "initial_priority"
 
 
 class ShardWrites(NamedTuple):
@@ -28,12 +35,14 @@ class ShardWrites(NamedTuple):
 
     Its fields: ``rows``, the rows the call stored in the shards (every add
     answered); ``env_steps``, the env steps the call took; ``episodes``, the
-    episodes the call finished.
+    episodes the call finished; ``dropped``, the rows its writer dropped (adds
+    in flight to a shard that died: not stored, not retried).
     """
 
     rows: int
     env_steps: int
     episodes: int
+    dropped: int = 0
 
 
 def ray_module() -> Any:
@@ -145,8 +154,26 @@ class ShardWriter:
     def num_shards(self) -> int:
         return len(self.handles)
 
-    def add(self, batch: TransitionBatch) -> int:
-        """Send the rows of ``batch`` (fields ``[B, ...]``, ``env_id`` int [B]) to their shards; returns ``B``."""
+    def add(self, batch: TransitionBatch, priorities: Numbers | None = None) -> int:
+        """Send the rows of ``batch`` (fields ``[B, ...]``, ``env_id`` int [B]) to their shards; returns ``B``.
+
+        ``priorities``: each row's initial priority (float [B], numpy or torch,
+        finite, ``>= 0``), stored as ``(p + eps) ** alpha`` instead of the
+        largest stored weight (shards of ``PrioritizedDraws`` rows only: another
+        shard refuses the add). Also taken from the batch's
+        :data:`INITIAL_PRIORITY_FIELD`, which is then not stored (how a
+        ``RayWorkers`` factory's pipeline gives them). Bad values raise a
+        ``ValueError`` here, before anything is sent.
+        """
+        if INITIAL_PRIORITY_FIELD in batch:  # (a collector's pipeline attached them)
+            if priorities is not None:
+                raise ValueError(
+                    f"the batch carries {INITIAL_PRIORITY_FIELD!r} and add() was given priorities too; give them "
+                    "once. Nothing was sent."
+                )
+            batch, priorities = _take_priorities(batch)
+        if priorities is not None:
+            batch = _with_priorities(batch, priorities)
         parts = split_by_shard(batch, self.num_shards)
         handles: list[Any] = self.handles
         limiter: Any = self.limiter
@@ -154,12 +181,13 @@ class ShardWriter:
         if limiter is not None and parts:  # granted in this writer's order (see RateLimiter.insert)
             grant = self._last_grant = limiter.insert.remote(len(batch), self._last_grant)
         for shard, rows in parts:
+            rows, part = _take_priorities(rows) if priorities is not None else (rows, None)
             if self._encoders and isinstance(rows["obs"], np.ndarray) and isinstance(rows["next_obs"], np.ndarray):
                 encoder = self._encoders[shard]
-                ref = handles[shard].add_frames.remote(encoder.encode(rows), grant)
+                ref = handles[shard].add_frames.remote(encoder.encode(rows), grant, part)
                 self._in_flight.append((ref, len(rows), shard, encoder.epoch))
             else:
-                self._in_flight.append((handles[shard].add.remote(rows, grant), len(rows), shard, -1))
+                self._in_flight.append((handles[shard].add.remote(rows, grant, part), len(rows), shard, -1))
         excess = len(self._in_flight) - self.max_in_flight
         if excess > 0:
             self._collect(excess)
@@ -212,3 +240,23 @@ class ShardWriter:
 
     def __repr__(self) -> str:
         return f"ShardWriter(shards={self.num_shards}, rows_written={self.rows_written})"
+
+
+def _take_priorities(batch: TransitionBatch) -> tuple[TransitionBatch, Any]:
+    """``batch`` without its :data:`INITIAL_PRIORITY_FIELD`, and the values that field held."""
+    fields = dict(batch.items())
+    values = fields.pop(INITIAL_PRIORITY_FIELD)
+    return TransitionBatch.wrap(fields), values
+
+
+def _with_priorities(batch: TransitionBatch, priorities: Numbers) -> TransitionBatch:
+    """``batch`` with ``priorities`` (checked: float64 [B], finite, ``>= 0``) as its :data:`INITIAL_PRIORITY_FIELD`,
+    so that they are routed with their rows."""
+    values = to_numpy_1d(priorities, "priorities", np.float64)
+    if len(values) != len(batch):
+        raise ValueError(
+            f"got {len(values)} initial priorities for {len(batch)} rows; pass one per row, in the batch's order. "
+            "Nothing was sent."
+        )
+    refuse_bad_priorities(values, "Nothing was sent.")
+    return TransitionBatch.wrap({**dict(batch.items()), INITIAL_PRIORITY_FIELD: values})

@@ -20,7 +20,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -32,22 +32,9 @@ from ptl_rl.core.versions import check_version, versioned
 from ptl_rl.distributed.replay_shard import INCARNATION_FIELD, SHARD_FIELD, ShardSample, ShardStats
 from ptl_rl.distributed.replay_shards import ReplayShards
 from ptl_rl.distributed.shard_priorities import PriorityRouter
-from ptl_rl.distributed.shard_sampling import (
-    ShardedPriorityFeedback,
-    merge_answers,
-    split_counts,
-)
+from ptl_rl.distributed.shard_requests import ShardRequest, ShardRequests
+from ptl_rl.distributed.shard_sampling import ShardedPriorityFeedback, merge_answers
 from ptl_rl.distributed.shard_writer import ShardWrites
-
-
-class _Request(NamedTuple):
-    """A batch asked of the shards: its size, the masses it was split by (float64 [K]), the counts (int64 [K]),
-    one ref per shard."""
-
-    batch_size: int
-    masses: np.ndarray
-    counts: np.ndarray
-    refs: list[Any]
 
 
 class ShardedReplay(Stage["ShardedReplay"]):
@@ -77,7 +64,12 @@ class ShardedReplay(Stage["ShardedReplay"]):
         beta: importance-sampling exponent (float or schedule); ``None``: the
             shards' ``PrioritizedDraws`` schedule and clock (``"learner"``:
             batches this stage drew; ``"env"``: rows added to all shards).
-        seed: seed of the generator that splits batches over the shards.
+        seed: seed of this learner's random stream: the generator that splits
+            batches over the shards and seeds the shards' draws of them
+            (``shard_requests.ShardRequests``). Under
+            DDP each rank derives its own from it (:meth:`set_rank`, called by
+            the Lightning adapter), so the ranks sample the same shards with
+            distinct streams; ``None``: fresh entropy.
         sync_updates: wait for the shards' answer to every priority update, so
             ``batch.update_priorities`` returns the stale rows it skipped;
             ``False`` (default) sends and returns 0, and the answers are
@@ -146,10 +138,8 @@ class ShardedReplay(Stage["ShardedReplay"]):
         self.prefetch = int(prefetch)
         self.sync_updates = bool(sync_updates)
         self.poll_interval = float(poll_interval)
-        self.sample_timeout = sample_timeout
         self._limiter: Any = shards.limiter
-        self._last_grant: Any = None
-        self.rng = np.random.default_rng(seed)
+        self.requests = ShardRequests(self._ray, self._handles, self._limiter, seed, sample_timeout, shards.rate_counts)
         self.known: list[ShardStats] = [ShardStats(0, 0.0, 0)] * len(self._handles)
         self.batches_sampled = 0
         self.shard_failures = 0  # requests asked again because a shard died or restarted empty since the split
@@ -157,8 +147,25 @@ class ShardedReplay(Stage["ShardedReplay"]):
         self._warm = False
         self._credit = 0
         self._written = self._counted = 0
-        self._pending: deque[_Request] = deque()
+        self._pending: deque[ShardRequest] = deque()
         self._router = PriorityRouter(self._ray, self._handles)  # priority updates sent, counted as answered
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """This learner's random stream (see ``seed``)."""
+        return self.requests.rng
+
+    @property
+    def rank(self) -> int:
+        """The DDP rank whose stream this learner samples with (0 until :meth:`set_rank`)."""
+        return self.requests.rank
+
+    def set_rank(self, rank: int) -> None:
+        """Sample with DDP rank ``rank``'s own stream (:func:`~ptl_rl.rank_seed` of ``seed``); a no-op when already
+        there, so a restored stream is kept. Requests in flight, drawn by the old stream, are dropped."""
+        if int(rank) != self.rank:
+            self._pending.clear()
+            self.requests.set_rank(rank)
 
     # ------------------------------------------------------------------ sizes
     def __len__(self) -> int:
@@ -229,13 +236,15 @@ class ShardedReplay(Stage["ShardedReplay"]):
         written, self._counted = self._written - self._counted, self._written
         return written
 
-    STATE_VERSION = 1
+    STATE_VERSION = 2  # 2: the random stream and its rank
 
     def state_dict(self) -> dict[str, Any]:
         """The shards' saves (:meth:`ReplayShards.state_dict`: each shard saves its buffer into its own directory;
-        the state refers to them and holds no arrays) and this stage's counters. Priority updates sent are
-        waited for first, so the saved priorities include them. Shards without a ``checkpoint_dir`` are not
-        saved (``"shards": None``; their rows stay where they are), so a pipeline checkpoint still works."""
+        the state refers to them and holds no arrays), this stage's counters and its random stream (rank and
+        generator state as of the oldest request in flight, so a resumed run over the same rows draws the same
+        batches). Priority updates sent are waited for first, so the saved priorities include them. Shards
+        without a ``checkpoint_dir`` are not saved (``"shards": None``; their rows stay where they are), so a
+        pipeline checkpoint still works."""
         self.flush_updates()
         state = {
             "shards": None if self.shards.checkpoint_dir is None else self.shards.state_dict(),
@@ -244,6 +253,9 @@ class ShardedReplay(Stage["ShardedReplay"]):
             "applied_updates": self.applied_updates,
             "credit": self._credit,
             "warm": self._warm,
+            "rank": self.rank,
+            # the stream as of the oldest request in flight: a resumed run asks for those batches again
+            "rng": self._pending[0].stream_state if self._pending else self.rng.bit_generator.state,
         }
         return versioned(state, self.STATE_VERSION)
 
@@ -258,6 +270,9 @@ class ShardedReplay(Stage["ShardedReplay"]):
         self._router.reset(int(state["stale_updates"]), int(state["applied_updates"]))
         self._credit = int(state["credit"])
         self._warm = bool(state["warm"])
+        if "rng" in state:  # (version 1 has no stream: the current one goes on)
+            self.requests.rank = int(state["rank"])
+            self.rng.bit_generator.state = state["rng"]
         self.refresh()
         self.state_replaced()
 
@@ -291,7 +306,6 @@ class ShardedReplay(Stage["ShardedReplay"]):
             # it no longer has; ask again by the stats just learnt (the lost shard's rows are gone)
             self.shard_failures += 1
             self._pending.clear()
-        self.known = [answer.stats for answer in answers]
         drawn = [(shard, answer) for shard, answer in enumerate(answers) if answer.batch is not None]
         beta = self.beta
         batch = merge_answers(drawn, request.masses, beta)
@@ -303,35 +317,14 @@ class ShardedReplay(Stage["ShardedReplay"]):
             batch.attach_priority_feedback(feedback)
         return batch
 
-    def _answers(self, request: _Request) -> list[ShardSample] | None:
+    def _answers(self, request: ShardRequest) -> list[ShardSample] | None:
         """Every shard's answer to ``request``; ``None`` when a shard died before answering or answered no rows
         for a count above 0 (it restarted empty): :attr:`known` then holds what the shards said (0 for a dead
         one), for the next split."""
-        ray = self._ray
-        try:
-            answers: list[ShardSample] = ray.get(request.refs, timeout=self.sample_timeout)
-        except ray.exceptions.RayActorError:
-            known = []
-            for ref in request.refs:
-                try:
-                    known.append(ray.get(ref, timeout=self.sample_timeout).stats)
-                except ray.exceptions.RayActorError:
-                    known.append(ShardStats(0, 0.0, 0, -1))  # restarting: empty when it answers again
-            self.known = known
-            return None
-        except ray.exceptions.GetTimeoutError:
-            held = "" if self._limiter is None else f"; the rate limiter has granted {self.shards.rate_counts()}"
-            raise TimeoutError(
-                f"no batch from the shards within {self.sample_timeout} s{held}. With a rate limit the learner "
-                "waits for writers to insert (samples_per_insert, error_buffer); without one, a shard is slow or "
-                "gone. The request stays in flight: sample() again goes on waiting"
-            ) from None
-        if any(answer.batch is None and count > 0 for answer, count in zip(answers, request.counts, strict=True)):
-            self.known = [answer.stats for answer in answers]
-            return None
+        answers, self.known = self.requests.collect(request)
         return answers
 
-    def _request(self, batch_size: int) -> _Request:
+    def _request(self, batch_size: int) -> ShardRequest:
         """Split a batch over the shards by their last known masses and send every shard its count."""
         if batch_size > len(self):
             self.refresh()
@@ -341,14 +334,7 @@ class ShardedReplay(Stage["ShardedReplay"]):
                     f"in {len(self.known)} shards; set ShardedReplay(shards, warmup={batch_size}) or more so "
                     "sampling starts later, or lower batch_size. Nothing was drawn or changed."
                 )
-        masses = np.array([stats.mass for stats in self.known], dtype=np.float64)
-        counts = split_counts(self.rng, batch_size, masses)
-        # every shard answers, a count of 0 with its stats only: the next split knows every shard's mass
-        grant = None
-        if self._limiter is not None:  # granted in the order asked (see RateLimiter.insert)
-            grant = self._last_grant = self._limiter.sample.remote(batch_size, self._last_grant)
-        refs = [handle.sample.remote(int(c), grant) for handle, c in zip(self._handles, counts, strict=True)]
-        return _Request(batch_size, masses, counts, refs)
+        return self.requests.send(batch_size, np.array([stats.mass for stats in self.known], dtype=np.float64))
 
     def update_priorities(
         self,

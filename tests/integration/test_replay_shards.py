@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import time
 from collections.abc import Iterator
 
@@ -147,6 +148,60 @@ def test_importance_weights_equal_brute_force_over_all_priorities(prioritized_sh
             rows = batch.shard == k
             stored = ray.get(prioritized_shards.handles[k].rows.remote(batch.indices[rows]))
             assert np.array_equal(stored.obs, batch.obs[rows])
+
+
+def test_initial_priorities_written_with_the_rows_are_stored_and_drawn_by(uniform_shards: ReplayShards) -> None:
+    """Ape-X's worker-side priorities: rows written with ``priority_of(id)`` hold exactly that weight, sampling
+    follows them as one buffer holding all rows with those priorities, and bad ones are refused, nothing sent."""
+    shards = ReplayShards(prioritized_buffer, K, seed=2)
+    try:
+        writer, rows, ids = shards.writer(), all_rows(), np.arange(N_ROWS)
+        for lo in range(0, 96, 16):  # batches mixing envs: the priorities are routed with their rows
+            writer.add(rows.rows(slice(lo, lo + 16)), priorities=priority_of(ids[lo : lo + 16]))
+        tail = rows.rows(slice(96, N_ROWS))  # the rest as a collector's pipeline gives them: a field (torch)
+        tail[ptl_rl.distributed.INITIAL_PRIORITY_FIELD] = torch.from_numpy(priority_of(ids[96:]).astype(np.float32))
+        writer.add(tail)
+        writer.flush()
+        for k, handle in enumerate(shards.handles):  # brute force: every stored slot's weight from its row's id
+            size = ray.get(handle.stats.remote()).size
+            stored = ray.get(handle.rows.remote(np.arange(size)))
+            assert ptl_rl.distributed.INITIAL_PRIORITY_FIELD not in stored
+            slot_ids = stored.obs[:, 0].astype(np.int64)
+            assert (shard_of(stored.env_id, K) == k).all()
+            expected = (priority_of(slot_ids) + EPS) ** ALPHA
+            np.testing.assert_allclose(ray.get(handle.priorities.remote()), expected, rtol=1e-6)
+        replay = ShardedReplay(shards, warmup=N_ROWS, seed=8, prefetch=2)
+        next(replay)
+        counts = _frequencies(replay, batches=60, batch_size=150)
+        statistic, dof = chi_square_statistic(counts, reference_probabilities(True))
+        assert statistic < chi_square_quantile(dof, SIGNIFICANCE), (statistic, dof)
+        batch = replay.sample(64)
+        mass = (priority_of(batch.obs[:, 0].astype(np.int64)) + EPS) ** ALPHA
+        raw = (N_ROWS * mass / ((priority_of(ids) + EPS) ** ALPHA).sum()) ** -BETA
+        np.testing.assert_allclose(batch.weights, raw / raw.max(), rtol=1e-4)
+
+        before = shards.stats()
+        one = rows.rows(slice(0, 4))
+        for bad, match in [
+            (np.array([1.0, np.nan, 1.0, 1.0]), "finite"),
+            (np.array([1.0, -2.0, 1.0, 1.0]), ">= 0"),
+            (np.ones(3), "3 initial priorities for 4 rows"),
+        ]:
+            with pytest.raises(ValueError, match=match):
+                writer.add(one, priorities=bad)
+        both = rows.rows(slice(0, 4))
+        both[ptl_rl.distributed.INITIAL_PRIORITY_FIELD] = np.ones(4)
+        with pytest.raises(ValueError, match="give them once"):
+            writer.add(both, priorities=np.ones(4))
+        assert writer.rows_written == N_ROWS and shards.stats() == before  # nothing sent, nothing lost
+    finally:
+        shards.close()
+    uniform_before = uniform_shards.stats()
+    writer = uniform_shards.writer()
+    writer.add(all_rows().rows(slice(0, 4)), priorities=np.ones(4))
+    with pytest.raises(TypeError, match="PrioritizedDraws"):  # a shard without priorities refuses, storing nothing
+        writer.flush()
+    assert uniform_shards.stats() == uniform_before
 
 
 def test_priority_updates_go_to_the_shard_holding_each_row(prioritized_shards: ReplayShards) -> None:
@@ -312,6 +367,55 @@ def test_a_shard_in_process_draws_more_rows_than_it_holds_with_their_mass() -> N
         ReplayShard(dict)  # type: ignore[arg-type]
 
 
+def test_a_shard_draws_a_request_with_the_stream_its_seed_names_and_keeps_its_own() -> None:
+    """The learner's seed decides the shard's draw (DDP ranks: their own streams at the same shard)."""
+    shard = ReplayShard(prioritized_buffer, shard=2, seed=0)
+    shard.add(TransitionBatch(obs=np.arange(50.0)[:, None], env_id=np.full(50, 2, dtype=np.int64)))
+    own = shard.buffer.rng.bit_generator.state
+    first, again, other = (shard.sample(64, None, seed) for seed in (11, 11, 12))
+    assert shard.buffer.rng.bit_generator.state == own  # lent, not advanced
+    assert first.batch is not None and again.batch is not None and other.batch is not None
+    assert first.batch.indices.tolist() == again.batch.indices.tolist() != other.batch.indices.tolist()
+    # the stream is (seed, shard): the buffer's own draw with that generator, 64 rows at most 50 a call
+    reference = prioritized_buffer()
+    reference.add(TransitionBatch(obs=np.arange(50.0)[:, None], env_id=np.full(50, 2, dtype=np.int64)))
+    reference.rng = np.random.default_rng([11, 2])
+    expected = np.concatenate([reference.sample(50).indices, reference.sample(14).indices])
+    assert first.batch.indices.tolist() == expected.tolist()
+
+
+def test_each_rank_samples_with_its_own_stream_and_a_checkpoint_resumes_it(prioritized_shards) -> None:
+    """Same seed: rank 0 twice draws the same batches, rank 1 others; a resumed state draws the batches the
+    saving learner drew next, the prefetched one included."""
+
+    def ids(replay: ShardedReplay, batches: int) -> list[list[int]]:
+        return [replay.sample(16).obs[:, 0].astype(np.int64).tolist() for _ in range(batches)]
+
+    replays = [ShardedReplay(prioritized_shards, warmup=N_ROWS, seed=21, prefetch=1) for _ in range(3)]
+    replays[2].set_rank(1)
+    drawn = [ids(replay, 4) for replay in replays]
+    assert drawn[0] == drawn[1]
+    assert all(a != b for a, b in zip(drawn[0], drawn[2], strict=True))
+    assert replays[2].rank == 1 and replays[0].rank == 0
+
+    state = replays[0].state_dict()  # one request in flight (prefetch=1)
+    assert torch.load(_saved(state), weights_only=True)["rank"] == 0
+    after = ids(replays[0], 3)
+    resumed = ShardedReplay(prioritized_shards, warmup=N_ROWS, seed=99, prefetch=0)
+    resumed.set_rank(1)
+    resumed.load_state_dict(state)
+    assert resumed.rank == 0 and ids(resumed, 3) == after
+    resumed.set_rank(0)  # the rank it holds: a no-op, the restored stream goes on
+    assert ids(resumed, 1) == ids(replays[0], 1)
+
+
+def _saved(state: dict) -> io.BytesIO:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
+
+
 def window_buffer() -> ReplayBuffer:
     return ReplayBuffer(capacity=64, draws=ptl_rl.SequenceWindows(length=3, draws=PrioritizedDraws(alpha=1.0)))
 
@@ -426,3 +530,34 @@ def test_a_sample_to_insert_ratio_holds_writers_and_the_learner_to_it(ray_sessio
             ShardedReplay(shards, _rows_of_envs(0), warmup=20)
     finally:
         shards.close()
+
+
+def test_the_rate_limiters_counts_are_saved_with_the_shards_and_go_on_after_a_load(ray_session, tmp_path) -> None:
+    """A resumed run's limiter continues from the saved counts (a fresh one would hold the learner until
+    min_size rows were inserted again)."""
+    limit = RateLimit.sample_to_insert_ratio(1.0, 20, 8.0)  # inserts - samples in [12, 28] once 20 rows are in
+
+    def make() -> ReplayShards:
+        buffer = functools.partial(uniform_buffer, 100)
+        return ReplayShards(buffer, 1, seed=15, rate_limit=limit, checkpoint_dir=tmp_path / "replay")
+
+    shards = make()
+    try:
+        assert ray.get(_limited_collector.remote(shards.writer(), 0, 24)) == 24
+        replay = ShardedReplay(shards, warmup=20, seed=16, prefetch=0)
+        next(replay)
+        replay.sample(8)
+        saved = torch.load(_saved(replay.state_dict()), weights_only=True)
+        assert saved["shards"]["rate_counts"]["inserts"] == 24 and saved["shards"]["rate_counts"]["samples"] == 8
+    finally:
+        shards.close()
+    restored = make()
+    try:
+        assert restored.rate_counts()["inserts"] == 0
+        replay = ShardedReplay(restored, warmup=20, seed=16, prefetch=0, sample_timeout=60)
+        replay.load_state_dict(saved)
+        assert restored.rate_counts() == {k: saved["shards"]["rate_counts"][k] for k in restored.rate_counts()}
+        assert len(replay.sample(4)) == 4  # 24 - 12 >= 12: granted from the saved counts, no insert needed
+        assert restored.rate_counts()["samples"] == 12
+    finally:
+        restored.close()

@@ -14,10 +14,18 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from collectors import check_rows, episode_script, scripted_collector
+from collectors import check_rows, episode_script, prioritizing_collector, row_priority, scripted_collector
 
 from ptl_rl import BatchSampler, PrioritizedDraws, ReplayBuffer, TransitionBatch, UniformDraws
-from ptl_rl.distributed import RayWorkers, ReplayShard, ReplayShards, ShardedReplay, ShardWriter, ShardWrites
+from ptl_rl.distributed import (
+    INITIAL_PRIORITY_FIELD,
+    RayWorkers,
+    ReplayShard,
+    ReplayShards,
+    ShardedReplay,
+    ShardWriter,
+    ShardWrites,
+)
 
 ray = pytest.importorskip("ray")
 
@@ -112,6 +120,53 @@ ALPHA, EPS = 0.6, 1e-6
 
 def big_prioritized_buffer() -> ReplayBuffer:
     return ReplayBuffer(capacity=100_000, draws=PrioritizedDraws(alpha=ALPHA, beta=0.4, eps=EPS))
+
+
+def test_a_workers_rows_dropped_at_a_dead_shard_are_counted_by_the_learner(ray_session) -> None:
+    """Shard 1 is dead for good: a worker's adds to it are dropped; every ShardWrites says how many, and the
+    learner's counts add up to what the live shards hold."""
+    shards = ReplayShards(big_uniform_buffer, K, seed=6, max_restarts=0)
+    ray.get([handle.stats.remote() for handle in shards.handles])
+    ray.kill(shards.handles[1], no_restart=True)
+    factory = functools.partial(scripted_collector, n=N, num_envs=NUM_ENVS)  # envs 0, 1, 2: env 1 is shard 1's
+    workers = RayWorkers(factory, 1, shards=shards, steps_per_call=4, actor_options={"num_cpus": 0.5})
+    try:
+        seen = [next(workers) for _ in range(4)]
+        workers.drain()
+    finally:
+        workers.close()
+    assert all(isinstance(out, ShardWrites) for out in seen)
+    assert all(out.dropped > 0 for out in seen) and sum(out.dropped for out in seen) <= workers.rows_dropped
+    live = [shards.handles[0], shards.handles[2]]
+    rows = [ray.get(handle.rows.remote(np.arange(ray.get(handle.stats.remote()).size))) for handle in live]
+    assert workers.rows_stored == sum(len(r.env_id) for r in rows) > 0
+    assert sorted({int(e) for r in rows for e in r.env_id}) == [0, 2]
+    # env 1 steps with envs 0 and 2 in one vector env: its windows are dropped as theirs are stored
+    assert abs(workers.rows_dropped - workers.rows_stored / 2) <= 2 * (N - 1) + 4
+    shards.close()
+
+
+def test_workers_initial_priorities_are_the_stored_ones(ray_session) -> None:
+    """A worker's pipeline attaches each row's priority (Ape-X); the shards store exactly those, not the maximum."""
+    shards = ReplayShards(big_prioritized_buffer, K, seed=4)
+    factory = functools.partial(prioritizing_collector, n=N, num_envs=NUM_ENVS)
+    workers = RayWorkers(factory, 1, shards=shards, steps_per_call=4, actor_options={"num_cpus": 0.5})
+    try:
+        replay = ShardedReplay(shards, workers, warmup=40, transitions_per_yield=8, seed=5)
+        sampler = BatchSampler(replay, batch_size=16)
+        for _ in range(5):
+            batch = next(sampler)
+            assert INITIAL_PRIORITY_FIELD not in batch
+        workers.drain()
+        for handle, rows in zip(shards.handles, _shard_rows(shards), strict=True):
+            assert INITIAL_PRIORITY_FIELD not in rows and len(rows["env_id"]) > 0
+            check_rows(rows, n=N)
+            expected = (row_priority(rows["obs"], rows["reward"]) + EPS) ** ALPHA  # brute force, from the rows
+            np.testing.assert_allclose(ray.get(handle.priorities.remote()), expected, rtol=1e-6)
+            assert len(np.unique(expected)) > 1  # (not all one value, as the maximum rule would give)
+    finally:
+        workers.close()
+        shards.close()
 
 
 @ray.remote

@@ -35,9 +35,9 @@ class Recording:
     def add_frames(self) -> Recording:
         return self
 
-    def remote(self, message: object, grant: object) -> object:
-        self.sizes.append(len(pickle.dumps(message, protocol=5)))
-        return self.handle.add_frames.remote(message, grant)  # type: ignore[attr-defined]
+    def remote(self, message: object, grant: object, priorities: object = None) -> object:
+        self.sizes.append(len(pickle.dumps((message, priorities), protocol=5)))
+        return self.handle.add_frames.remote(message, grant, priorities)  # type: ignore[attr-defined]
 
 
 def stored(shards: ReplayShards, shard: int, factory: functools.partial, directory: str) -> ptl_rl.ReplayBuffer:
