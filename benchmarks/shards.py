@@ -14,10 +14,28 @@ the shards, the writers, the limiter.
 
 ``ops``: the cost of each operation, median over repeats, each timed over
 ``--seconds``. *insert*: a ``ShardWriter`` in this process adds batches of
-``--rows`` rows (CartPole-shaped: obs float32 [4]; Atari-shaped: obs and
-next_obs uint8 [4, 84, 84]) into one shard, ``max_in_flight`` 8, flushed at the
-end: us per add and rows/s. *sample*: ``next()`` of ``BatchSampler(ShardedReplay(
-shards, prefetch=1), 256)`` over 2 shards (uniform CartPole rows, prioritized
+``--rows`` rows into one shard, ``max_in_flight`` 8, flushed at the end: us
+per add and rows/s. CartPole-shaped rows (obs float32 [4]) and Atari-shaped
+full rows (obs and next_obs uint8 [4, 84, 84], random bytes) into a shard of
+``ArrayStorage``, one batch added again and again; Atari rows *each frame
+once*: consecutive ``--rows``-row batches of a frame-stacked stream (below)
+into a shard of ``FrameStorage`` (``stack_axis=0``, ``n_step``), whose writer
+(``shards.writer()``) sends each frame once by itself
+(``ptl_rl/distributed/frame_wire.py``). The stream is ``shard_wire.py``'s:
+``--atari-envs`` envs of 84x84 random-byte frames stacked 4 by
+``FrameStackObservation`` (autoreset, episodes ending at random, 1 in 200
+steps, here truncated at 250) through ``ExperienceSource`` and
+``NStepTransform(--n-step)``; every env's rows up to the end of its last
+finished episode are taken once and played again and again (each round a new
+episode of every env, its frames out of the writer's 256-frame window long
+before), so every add is the next of a real stream. Its bytes on the wire
+(``row_bytes``): the pickled size of each add's ``FrameMessage`` over two
+rounds into one shard, per row, as ``shard_wire.py`` measures them. Where
+such an add spends its time, in this process without Ray (one round of the
+stream per repeat): the writer's encoding, the shard's decoding (the message
+pickled and unpickled between them) and its ``FrameStorage`` insert.
+*sample*: ``next()`` of ``BatchSampler(ShardedReplay(shards, prefetch=1),
+256)`` over 2 shards (uniform CartPole rows, prioritized
 CartPole rows, uniform Atari rows): us per batch. *priority update*:
 ``batch.update_priorities`` of 256 rows, sent asynchronously (the learner's
 cost, the flush at the end included) and with ``sync_updates=True`` (a round
@@ -30,7 +48,9 @@ uniform shards, prefetch 1) + ``BatchSampler`` while 0, 1, 2 and 4 writer
 actors add to the same shards as fast as they can.
 
 ``ingest``: rows/s stored by ``--writers`` writer actors adding as fast as they
-can (each batch spread over the shards by env id), with 1, 2 and 4 shards.
+can (each batch spread over the shards by env id), with 1, 2 and 4 shards:
+CartPole rows, Atari full rows (``ArrayStorage``) and Atari rows each frame
+once (``FrameStorage``, each writer its own envs of the stream above).
 
 ``limiter``: ``RateLimit.sample_to_insert_ratio(--spi, --min-size,
 --error-buffer)``; two writer actors add ``--rows``-row batches, one sleeping
@@ -42,7 +62,8 @@ target seen at each look at the counts, against the error buffer.
 
 The projection (``--table``) is computed from a record's medians and the
 per-worker collection rates of the scale-out records (``--worker-rate``,
-``--worker-rate-atari``: env steps/s of one worker, one transition each);
+``--worker-rate-atari``: env steps/s of one worker, one transition each); its
+Atari rows each frame once use the measured insert rate and bytes on the wire;
 its assumptions are printed under it and stated in
 ``docs/design/replay-service.md``. Timings live here, never in tests.
 """
@@ -50,8 +71,11 @@ its assumptions are printed under it and stated in
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import math
 import os
+import pickle
 import sys
 import textwrap
 import time
@@ -69,6 +93,7 @@ from ptl_rl.distributed import RateLimit, ReplayShards, ShardedReplay  # noqa: E
 
 SAMPLE_BATCH = 256
 ATARI_SHAPE = (4, 84, 84)
+EPISODE_CAP = 250  # steps: the frame-stacked stream's episodes are truncated there (each env ends one)
 
 
 def load() -> str:
@@ -99,12 +124,98 @@ def row_bytes(atari: bool) -> int:
     return int(sum(np.asarray(batch[k]).nbytes for k in batch.keys()))
 
 
-def shards_of(num_shards: int, atari: bool, prioritized: bool, rate_limit: RateLimit | None = None) -> ReplayShards:
-    import functools  # noqa: PLC0415
+def atari_stream(envs: int, n_step: int, cap: int = EPISODE_CAP) -> ptl_rl.TransitionBatch:
+    """Whole episodes of ``envs`` envs of 84x84 frames stacked 4: ``shard_wire.py``'s stream (random-byte frames,
+    ``FrameStackObservation``, autoreset, episodes ending at random, 1 in 200 steps) with episodes truncated at
+    ``cap`` steps, through ``ExperienceSource`` and ``NStepTransform(n_step)``; every env's rows up to the end of
+    its last finished episode (so the rows can be replayed: each round starts a new episode of every env). obs and
+    next_obs uint8 [4, 84, 84] share frames across steps as a real stream's do; env ids 0 .. envs - 1."""
+    import gymnasium as gym  # noqa: PLC0415
+    import shard_wire  # noqa: PLC0415 - beside this script
 
+    def make() -> gym.Env:
+        return gym.wrappers.FrameStackObservation(gym.wrappers.TimeLimit(shard_wire.NoiseFrames(), cap), 4)
+
+    rng = np.random.default_rng(0)
+    source = ptl_rl.ExperienceSource(
+        gym.vector.SyncVectorEnv([make for _ in range(envs)]), lambda obs: rng.integers(0, 4, len(obs)), seed=0
+    )
+    stream = iter(ptl_rl.NStepTransform(source, n=n_step, gamma=0.99))
+    whole = ptl_rl.TransitionBatch.concat([next(stream) for _ in range(cap + n_step + 1)])  # every env ended one
+    env_id, ended = np.asarray(whole["env_id"]), np.asarray(whole["terminated"]) | np.asarray(whole["truncated"])
+    last = {int(e): int(np.flatnonzero(ended & (env_id == e))[-1]) for e in range(envs)}
+    keep = np.arange(len(env_id)) <= np.asarray([last[int(e)] for e in env_id])
+    return whole.rows(np.flatnonzero(keep))
+
+
+def replayed(stream: ptl_rl.TransitionBatch, rows: int, first_env: int = 0) -> Any:
+    """Consecutive ``rows``-row adds of ``stream`` (:func:`atari_stream`) played again and again, env ids
+    ``first_env`` higher: an endless iterator. Each round starts a new episode of every env, as autoreset does;
+    the adds are views of ``stream`` (the one that wraps round a copy)."""
+    if first_env:
+        fields = dict(stream.items())
+        fields["env_id"] = np.asarray(stream["env_id"]) + first_env
+        stream = ptl_rl.TransitionBatch.wrap(fields)
+    total, start = len(stream), 0
+    while True:
+        end = start + rows
+        if end <= total:
+            yield stream.rows(slice(start, end))
+        else:
+            yield ptl_rl.TransitionBatch.concat([stream.rows(slice(start, total)), stream.rows(slice(0, end - total))])
+        start = end % total
+
+
+def wire_bytes(stream: ptl_rl.TransitionBatch, rows: int, rounds: int = 2) -> dict[str, float]:
+    """What a writer into one ``FrameStorage`` shard sends per row of the replayed stream, ``rows`` rows an add:
+    the pickled size of each add's ``FrameMessage`` (``pickle`` protocol 5, what Ray ships) and the frames sent,
+    over ``rounds`` of the stream."""
+    from ptl_rl.distributed.frame_wire import DEFAULT_WINDOW, FrameEncoder  # noqa: PLC0415
+
+    encoder, sent, frames, count = FrameEncoder(0, 0, DEFAULT_WINDOW), 0, 0, 0
+    adds = replayed(stream, rows)
+    while count < rounds * len(stream):
+        message = encoder.encode(next(adds))
+        sent += len(pickle.dumps(message, protocol=5))
+        frames, count = frames + len(message.frames), count + message.rows
+    return {"bytes": sent / count, "frames": frames / count}
+
+
+def dedup_parts(stream: ptl_rl.TransitionBatch, rows: int, n_step: int, repeats: int) -> dict[str, list[float]]:
+    """Where an add of ``rows`` rows each frame once spends its time, in this process, no Ray: the writer's
+    encoding, the shard's decoding (the message pickled and unpickled in between, as Ray ships it) and its
+    ``FrameStorage`` insert of the rebuilt rows; us per add, ``repeats`` times over one round of the stream."""
+    from ptl_rl.distributed.frame_wire import FrameDecoder, FrameEncoder  # noqa: PLC0415
+
+    out: dict[str, list[float]] = {}
+    adds = replayed(stream, rows)
+    count = max(1, len(stream) // rows)
+    storage = functools.partial(ptl_rl.FrameStorage, stack_axis=0, n_step=n_step)
+    encoder, decoder, buffer = FrameEncoder(0, 0), FrameDecoder(), ptl_rl.ReplayBuffer(2_048, storage=storage)
+    for _ in range(repeats):
+        batches = [next(adds) for _ in range(count)]
+        tick = time.perf_counter()
+        messages = [pickle.dumps(encoder.encode(b), protocol=5) for b in batches]
+        encoded = time.perf_counter()
+        rebuilt = [decoder.decode(pickle.loads(m)) for m in messages]
+        decoded = time.perf_counter()
+        for batch in rebuilt:
+            buffer.add(batch)
+        stored = time.perf_counter()
+        for key, spent in (("encode", encoded - tick), ("decode", decoded - encoded), ("store", stored - decoded)):
+            out.setdefault(f"dedup {key} us_per_add", []).append(1e6 * spent / count)
+    return out
+
+
+def shards_of(
+    num_shards: int, atari: bool, prioritized: bool, rate_limit: RateLimit | None = None, n_step: int | None = None
+) -> ReplayShards:
+    """Shards of ``ArrayStorage`` rows, or of a ``FrameStorage`` (stacks on axis 0, ``n_step``) when ``n_step``
+    is given: its writers then send each frame once by themselves."""
     draws = ptl_rl.PrioritizedDraws(alpha=0.6, beta=0.4) if prioritized else None
     capacity = 2_048 if atari else 100_000
-    factory = functools.partial(ptl_rl.ReplayBuffer, capacity=capacity, draws=draws)
+    storage = None if n_step is None else functools.partial(ptl_rl.FrameStorage, stack_axis=0, n_step=n_step)
+    factory = functools.partial(ptl_rl.ReplayBuffer, capacity=capacity, draws=draws, storage=storage)
     # the shards split each node's CPU between them, which places them evenly on the two nodes (zero-CPU actors
     # may all land on one); Ray reserves, it does not pin: every process still runs on any core
     options = {"num_cpus": 1.0 / math.ceil(num_shards / 2), "scheduling_strategy": "SPREAD"}
@@ -115,24 +226,28 @@ def shards_of(num_shards: int, atari: bool, prioritized: bool, rate_limit: RateL
 
 
 class WriterBody:
-    """A collector stand-in (the body of a Ray actor): adds one ready batch again and again, no env work."""
+    """A collector stand-in (the body of a Ray actor): adds ready batches again and again, no env work."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.writer: Any = None
-        self.batch: Any = None
+        self.adds: Any = None
 
-    def target(self, writer: Any, rows: int, atari: bool) -> None:
-        """Write with ``writer`` from now on, batches of ``rows`` rows of 64 envs (so every shard gets some)."""
+    def target(self, writer: Any, rows: int, atari: bool, stream: Any = None, shift: int = 0) -> None:
+        """Write with ``writer`` from now on: one batch of ``rows`` rows of 64 envs (so every shard gets some),
+        or consecutive adds of ``stream`` (:func:`atari_stream`) replayed, env ids ``rank * shift`` higher."""
         self.writer = writer
-        self.batch = make_batch(rows, atari, self.rank * 64 + np.arange(rows) % 64, seed=self.rank)
+        if stream is None:
+            self.adds = itertools.repeat(make_batch(rows, atari, self.rank * 64 + np.arange(rows) % 64, self.rank))
+        else:
+            self.adds = replayed(stream, rows, self.rank * shift)
 
     def run(self, seconds: float, sleeps: list[float] | None = None, phase: float = 1.0) -> int:
         """Add for ``seconds``; ``sleeps[i]``: seconds slept after each add in phase ``i`` (cycled). Rows stored."""
         start = time.perf_counter()
         stored = self.writer.rows_stored
         while (now := time.perf_counter()) - start < seconds:
-            self.writer.add(self.batch)
+            self.writer.add(next(self.adds))
             if sleeps:
                 time.sleep(sleeps[int((now - start) // phase) % len(sleeps)])
         self.writer.flush()
@@ -142,11 +257,15 @@ class WriterBody:
 WRITERS: list[Any] = []  # started once and pointed at each part's shards: an actor's start costs seconds
 
 
-def writers_of(ray: Any, shards: ReplayShards, count: int, rows: int, atari: bool) -> list[Any]:
+def writers_of(
+    ray: Any, shards: ReplayShards, count: int, rows: int, atari: bool, stream: Any = None, shift: int = 0
+) -> list[Any]:
+    """``count`` writer actors pointed at ``shards`` (each with a writer of its own: a frame channel of its own),
+    adding one batch again and again, or the batches of ``stream`` (an object ref) replayed."""
     cls = ray.remote(WriterBody).options(num_cpus=0, scheduling_strategy="SPREAD")
     WRITERS.extend(cls.remote(rank) for rank in range(len(WRITERS), count))
     handles = WRITERS[:count]
-    ray.get([h.target.remote(shards.writer(), rows, atari) for h in handles])
+    ray.get([h.target.remote(shards.writer(), rows, atari, stream, shift) for h in handles])
     return handles
 
 
@@ -177,15 +296,17 @@ def timed(seconds: float, call: Any) -> tuple[float, int]:
 
 
 # ---------------------------------------------------------------------------- the parts
-def bench_ops(ray: Any, args: argparse.Namespace) -> dict[str, list[float]]:
+def bench_ops(ray: Any, args: argparse.Namespace, stream: ptl_rl.TransitionBatch) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
-    for atari in (False, True):  # insert: one writer, one shard
-        kind = "atari" if atari else "cartpole"
-        shards = shards_of(1, atari, False)
-        writer, batch = shards.writer(), make_batch(args.rows, atari, np.arange(args.rows) % 64)
+    for kind in ("cartpole", "atari", "atari dedup"):  # insert: one writer, one shard
+        atari, dedup = kind != "cartpole", kind == "atari dedup"
+        shards = shards_of(1, atari, False, n_step=args.n_step if dedup else None)
+        writer = shards.writer()  # (over a FrameStorage: each frame once, by itself)
+        adds = replayed(stream, args.rows) if dedup else itertools.repeat(
+            make_batch(args.rows, atari, np.arange(args.rows) % 64))  # fmt: skip
         try:
             for _ in range(args.repeats):
-                elapsed, calls = timed(args.seconds, lambda w=writer, b=batch: w.add(b))
+                elapsed, calls = timed(args.seconds, lambda w=writer, a=adds: w.add(next(a)))
                 tick = time.perf_counter()
                 writer.flush()
                 elapsed += time.perf_counter() - tick
@@ -257,16 +378,20 @@ def bench_learner(ray: Any, args: argparse.Namespace) -> dict[str, list[float]]:
     return out
 
 
-def bench_ingest(ray: Any, args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+def bench_ingest(
+    ray: Any, args: argparse.Namespace, stream: ptl_rl.TransitionBatch
+) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     out: dict[str, list[float]] = {}
     placement: dict[str, list[int]] = {}
-    for atari in (False, True):
-        kind = "atari" if atari else "cartpole"
+    stream_ref = ray.put(stream)
+    for kind in ("cartpole", "atari", "atari dedup"):
+        atari, dedup = kind != "cartpole", kind == "atari dedup"
         for num_shards in args.shard_counts:
-            shards = shards_of(num_shards, atari, False)
+            shards = shards_of(num_shards, atari, False, n_step=args.n_step if dedup else None)
             try:
                 placement[str(num_shards)] = node_counts(ray, shards)
-                writers = writers_of(ray, shards, args.writers, args.rows, atari)
+                extra = (stream_ref, args.atari_envs) if dedup else ()
+                writers = writers_of(ray, shards, args.writers, args.rows, atari, *extra)
                 for _ in range(args.repeats):
                     stored = sum(ray.get([w.run.remote(args.seconds) for w in writers]))
                     out.setdefault(f"{kind} {num_shards}", []).append(stored / args.seconds)
@@ -337,29 +462,38 @@ def measure(args: argparse.Namespace) -> None:
     run = _records.Run(
         "shards", {k: v for k, v in vars(args).items() if k != "write_docs"}, args.results, peers=["ray"]
     )
+    stream = atari_stream(args.atari_envs, args.n_step)
+    wire = wire_bytes(stream, args.rows)
+    parts = dedup_parts(stream, args.rows, args.n_step, args.repeats)
+    print(f"stream: {len(stream):,} rows, {wire['bytes']:,.0f} B and {wire['frames']:.3f} frames per row on the "
+          "wire", flush=True)  # fmt: skip
     ray, cluster = start_cluster(args)
     medians: dict[str, Any] = {}
     repeats: dict[str, Any] = {}
     try:
         print(f"cluster: {len(ray.nodes())} nodes  ({load()})", flush=True)
-        for name, part in (("ops", bench_ops), ("learner", bench_learner)):
+        for name, part in (("ops", functools.partial(bench_ops, stream=stream)), ("learner", bench_learner)):
             values = part(ray, args)
+            if name == "ops":
+                values.update(parts)
             repeats[name] = values
             medians[name] = {k: _records.median(v) for k, v in values.items()}
             for key, value in medians[name].items():
                 print(f"{name:8s} {key:36s} {value:14,.1f}", flush=True)
-        values, placement = bench_ingest(ray, args)
+        values, placement = bench_ingest(ray, args, stream)
         repeats["ingest"] = values
         medians["ingest"] = {k: _records.median(v) for k, v in values.items()}
         medians["placement"] = placement
         for key, value in medians["ingest"].items():
-            print(f"ingest   {key:36s} {value:14,.0f} rows/s  (shards per node {placement[key.split()[1]]})")
+            print(f"ingest   {key:36s} {value:14,.0f} rows/s  (shards per node {placement[key.split()[-1]]})")
         medians["limiter"] = bench_limiter(ray, args)
         print(f"limiter  {medians['limiter']}  ({load()})", flush=True)
     finally:
         ray.shutdown()
         cluster.shutdown()
-    medians["row_bytes"] = {"cartpole": row_bytes(False), "atari": row_bytes(True)}
+    medians["row_bytes"] = {"cartpole": row_bytes(False), "atari": row_bytes(True), "atari dedup": wire["bytes"]}
+    medians["wire_frames_per_row"] = wire["frames"]
+    medians["stream_rows"] = len(stream)
     run.save(medians, repeats)
 
 
@@ -379,9 +513,16 @@ def table(records: list[dict[str, Any]]) -> str:
     def sampled(key: str) -> str:  # rows/s of 256-row batches
         return _records.column(records, lambda r: SAMPLE_BATCH * 1e6 / r["medians"]["ops"][key], "{:,.0f}")
 
-    ops = [[f"insert {per_add} {label} rows", cell(records, ("ops", f"insert {kind} us_per_add"), "{:,.0f}"),
+    ops = [[f"insert {per_add} {label}", cell(records, ("ops", f"insert {kind} us_per_add"), "{:,.0f}"),
             cell(records, ("ops", f"insert {kind} rows_per_s"), "{:,.0f}")]
-           for kind, label in (("cartpole", "CartPole"), ("atari", "Atari"))]  # fmt: skip
+           for kind, label in (("cartpole", "CartPole rows"), ("atari", "Atari full rows (ArrayStorage)"),
+                               ("atari dedup", "Atari rows, each frame once (FrameStorage)"))]  # fmt: skip
+    for key, label in (("encode", "writer's encoding"), ("decode", "shard's decoding"),
+                       ("store", "shard's FrameStorage insert")):  # fmt: skip
+        us_add = ("ops", f"dedup {key} us_per_add")  # (one process: where an add each frame once spends its time)
+        ops.append([f"each frame once: {label} (in-process)", cell(records, us_add, "{:,.0f}"),
+                    _records.column(records, lambda r, k=us_add[1]: r["config"]["rows"] * 1e6 / r["medians"]["ops"][k]
+                                    if k in r["medians"]["ops"] else None, "{:,.0f}")])  # fmt: skip
     for kind, label in (("cartpole", "uniform CartPole"), ("cartpole prioritized", "prioritized CartPole"),
                         ("atari", "uniform Atari")):  # fmt: skip
         key = f"sample {kind} us_per_batch"
@@ -399,13 +540,15 @@ def table(records: list[dict[str, Any]]) -> str:
             for n in busy]  # fmt: skip
     header = [f"learner, 256-row batches, {when}", "batches/s", "rows/s sampled", "rows/s written"]
     out.append(_records.rst_table(header, rows))
-    counts = sorted({int(k.split()[1]) for r in records for k in r["medians"]["ingest"]})
+    counts = sorted({int(k.split()[-1]) for r in records for k in r["medians"]["ingest"]})
     writers = span([r["config"]["writers"] for r in records], "{:.0f}")
     placed = {n: " / ".join(sorted({"+".join(map(str, r["medians"]["placement"][str(n)])) for r in records}))
               for n in counts}  # fmt: skip
     rows = [[f"{n} shard(s)", cell(records, ("ingest", f"cartpole {n}"), "{:,.0f}"),
-             cell(records, ("ingest", f"atari {n}"), "{:,.0f}"), placed[n]] for n in counts]  # fmt: skip
-    header = [f"ingest, {writers} writers, {when}", "CartPole rows/s", "Atari rows/s", "shards per node"]
+             cell(records, ("ingest", f"atari {n}"), "{:,.0f}"), cell(records, ("ingest", f"atari dedup {n}"),
+             "{:,.0f}"), placed[n]] for n in counts]  # fmt: skip
+    header = [f"ingest, {writers} writers, {when}", "CartPole rows/s", "Atari full rows/s",
+              "Atari each frame once rows/s", "shards per node"]  # fmt: skip
     out.append(_records.rst_table(header, rows))
     lim = [r["medians"]["limiter"] for r in records]
 
@@ -424,16 +567,15 @@ def table(records: list[dict[str, Any]]) -> str:
 
 def projection(record: dict[str, Any]) -> str:
     """100 and 1,000 workers from the measured costs of ``record`` (the latest) and its projection parameters
-    (``--worker-rate``, ``--worker-rate-atari``, ``--dedup-bytes``); the assumptions printed below the table."""
+    (``--worker-rate``, ``--worker-rate-atari``); the assumptions printed below the table."""
     args = argparse.Namespace(**record["config"])
     ops, med = record["medians"]["ops"], record["medians"]
     rows_per_add = record["config"]["rows"]
     bytes_cp, bytes_at = med["row_bytes"]["cartpole"], med["row_bytes"]["atari"]
+    dedup_bytes = med["row_bytes"]["atari dedup"]  # measured on the wire: a FrameMessage's pickled bytes per row
     us_cp = 1e6 / ops["insert cartpole rows_per_s"]  # a shard's time per row stored
     us_at = 1e6 / ops["insert atari rows_per_s"]
-    per_byte = (us_at - us_cp) / (bytes_at - bytes_cp)  # linear in the row's bytes, through the two shapes
-    dedup_bytes = args.dedup_bytes + bytes_at - 2 * int(np.prod(ATARI_SHAPE))  # one frame + the small fields
-    us_dedup = us_cp + per_byte * (dedup_bytes - bytes_cp)
+    us_dedup = 1e6 / ops["insert atari dedup rows_per_s"]
     grants_per_s = 1e6 / ops.get("limiter us_per_grant_pipelined", ops["limiter us_per_grant"])
     learner = med["learner"]["0 batches_per_s"] * SAMPLE_BATCH  # rows/s the learner can sample, CartPole rows
     atari_sampled = 1e6 / ops["sample atari us_per_batch"] * SAMPLE_BATCH
@@ -454,10 +596,12 @@ def projection(record: dict[str, Any]) -> str:
               "limiter cores", "max samples/insert"]  # fmt: skip
     notes = (
         f"(workers of {args.worker_rate:,} CartPole / {args.worker_rate_atari:,} Atari env steps/s, one row each; a "
-        f"shard stores {1e6 / us_cp:,.0f} CartPole / {1e6 / us_at:,.0f} Atari rows/s on one core, the insert rate "
-        f"measured; deduplicated Atari rows carry {args.dedup_bytes:,} bytes of pixels, their cost interpolated "
-        f"linearly in bytes; a grant per add of {rows_per_add} rows, {grants_per_s:,.0f} grants/s a limiter core; "
-        "the learner samples 256-row batches at its measured rate with no writer busy and ingests only counts)"
+        f"shard stores {1e6 / us_cp:,.0f} CartPole / {1e6 / us_at:,.0f} full Atari / {1e6 / us_dedup:,.0f} "
+        "deduplicated Atari rows/s on one core, the insert rates measured from one writer into one shard; "
+        f"deduplicated rows: a frame-stacked stream of {args.atari_envs} envs into a FrameStorage shard, each frame "
+        f"sent once, {dedup_bytes:,.0f} bytes per row on the wire, measured; a grant per add of {rows_per_add} rows, "
+        f"{grants_per_s:,.0f} grants/s a limiter core; the learner samples 256-row batches at its measured rate with "
+        "no writer busy and ingests only counts)"
     )
     return _records.rst_table(header, rows) + "\n\n" + textwrap.fill(notes, 100)
 
@@ -506,7 +650,8 @@ def main() -> None:
     parser.add_argument("--store-mb", type=int, default=512, help="object store per node")
     parser.add_argument("--worker-rate", type=int, default=5_000, help="projection: env steps/s of a CartPole worker")
     parser.add_argument("--worker-rate-atari", type=int, default=1_000, help="projection: of an Atari worker")
-    parser.add_argument("--dedup-bytes", type=int, default=84 * 84, help="projection: pixel bytes per dedup row")
+    parser.add_argument("--atari-envs", type=int, default=8, help="envs of the frame-stacked Atari-shaped stream")
+    parser.add_argument("--n-step", type=int, default=3, help="the stream's NStepTransform n (the FrameStorage's)")
     parser.add_argument("--write-docs", action="store_true", help="--table, written between the pages' markers")
     args = parser.parse_args()
     if args.table or args.write_docs:

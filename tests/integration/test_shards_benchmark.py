@@ -23,6 +23,8 @@ def _record() -> dict:
     ops = {
         "insert cartpole us_per_add": 500.0, "insert cartpole rows_per_s": 40_000.0,
         "insert atari us_per_add": 20_000.0, "insert atari rows_per_s": 2_000.0,
+        "insert atari dedup us_per_add": 8_000.0, "insert atari dedup rows_per_s": 8_000.0,
+        "dedup encode us_per_add": 4_000.0, "dedup decode us_per_add": 2_000.0, "dedup store us_per_add": 3_200.0,
         "sample cartpole us_per_batch": 4_000.0, "sample cartpole prioritized us_per_batch": 5_000.0,
         "sample atari us_per_batch": 64_000.0, "update async us_per_call": 300.0, "update sync us_per_call": 2_000.0,
         "limiter us_per_grant": 1_000.0, "limiter us_per_grant_pipelined": 250.0,
@@ -32,14 +34,22 @@ def _record() -> dict:
     return {
         "benchmark": "shards",
         "date": "2026-12-06T14:00:00Z",
-        "config": {"rows": 64, "writers": 2, "worker_rate": 5_000, "worker_rate_atari": 1_000, "dedup_bytes": 7_056},
+        "config": {
+            "rows": 64,
+            "writers": 2,
+            "worker_rate": 5_000,
+            "worker_rate_atari": 1_000,
+            "atari_envs": 8,
+            "n_step": 3,
+        },
         "medians": {
             "ops": ops,
             "learner": {"0 batches_per_s": 200.0, "2 batches_per_s": 120.0, "2 writer_rows_per_s": 30_000.0},
-            "ingest": {"cartpole 1": 50_000.0, "atari 1": 2_500.0},
+            "ingest": {"cartpole 1": 50_000.0, "atari 1": 2_500.0, "atari dedup 1": 6_000.0},
             "placement": {"1": [1]},
             "limiter": limiter,
-            "row_bytes": {"cartpole": 66, "atari": 56_482},
+            "row_bytes": {"cartpole": 66, "atari": 56_482, "atari dedup": 7_300.4},
+            "wire_frames_per_row": 1.02,
         },
     }
 
@@ -62,12 +72,18 @@ def test_the_projection_is_the_arithmetic_of_the_record() -> None:
     atari = rows["Atari, full rows, 1,000 workers"]
     assert atari == [f"{10**6:,}", f"{10**6 * 56_482 / 1e6:,.0f}", "500", f"{10**6 / 64 / 4_000:.2f}",
                          f"{256 / 0.064 / 10**6:.3g}"]  # fmt: skip
-    # deduplicated rows: 7,056 bytes of pixels + the 34 bytes of small fields, cost linear in bytes between the two
-    dedup_bytes = 7_056 + 56_482 - 2 * 4 * 84 * 84
-    us_row = 25.0 + (500.0 - 25.0) / (56_482 - 66) * (dedup_bytes - 66)
-    dedup = rows["Atari, deduplicated, 100 workers"]
-    assert dedup[1] == f"{100_000 * dedup_bytes / 1e6:,.0f}"
-    assert dedup[2] == f"{math.ceil(100_000 * us_row / 1e6):,}"
+    # each frame once: the measured 7,300.5 bytes on the wire and 8,000 rows/s a shard, the rest as full rows
+    dedup = rows["Atari, deduplicated, 1,000 workers"]
+    assert dedup == [f"{10**6:,}", f"{10**6 * 7_300.4 / 1e6:,.0f}", "125", atari[3], atari[4]]
+    assert rows["Atari, deduplicated, 100 workers"][1:3] == [f"{100_000 * 7_300.4 / 1e6:,.0f}", "13"]
+    notes = " ".join(text.split("\n\n")[-1].split())
+    assert "8,000 deduplicated Atari rows/s" in notes and "7,300 bytes per row on the wire" in notes
+    assert "interpolated" not in notes
+    # the operations and ingest tables show the three kinds of rows
+    assert re.search(r"insert 64 Atari rows, each frame once \(FrameStorage\)\s+8,000\s+8,000", text)
+    assert re.search(r"1 shard\(s\)\s+50,000\s+2,500\s+6,000\s+1", text)
+    # where an add each frame once spends its time: us per 64-row add and the rows/s it allows
+    assert re.search(r"each frame once: shard's FrameStorage insert \(in-process\)\s+3,200\s+20,000", text)
 
 
 def test_write_docs_puts_the_tables_between_each_pages_markers_and_nothing_else(tmp_path) -> None:
