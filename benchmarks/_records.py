@@ -3,7 +3,8 @@
 Every benchmark run appends one record to ``benchmarks/results/<name>.json``
 (a JSON list, oldest first). A record of ``e2e.py``, ``collection.py``,
 ``buffer.py``, ``prioritized.py``, ``pixels.py``, ``lightning_overhead.py``,
-``rollout.py``, ``sequence.py``, ``scaleout.py``, ``shard_wire.py`` and ``shards.py`` holds:
+``rollout.py``, ``sequence.py``, ``scaleout.py``, ``shard_wire.py``, ``shards.py`` and
+``vs_ptan.py`` holds:
 
 ``benchmark``
     the script (and for ``scaleout.py`` its part: ``scaleout dqn``, ...).
@@ -87,17 +88,19 @@ PAGE_TABLES = {
         "guard.py",
         "shard_wire.py",
         "shards.py",
+        "vs_ptan.py",
     ),
     "README.rst": ("mujoco.py",),
     "docs/design/replay-service.md": ("shards.py",),
     "docs/design/robustness.md": ("guard.py",),
-    "docs/design/layering.md": ("before_after.py",),
+    "docs/design/layering.md": ("before_after.py", "vs_ptan.py"),
 }
 # a script whose table has no rows until its first record is committed: checked from then on
 AWAITING_RECORDS = {
     "guard.py": RESULTS / "guard.json",
     "before_after.py": RESULTS / "before_after.json",
     "shards.py": RESULTS / "shards.json",
+    "vs_ptan.py": RESULTS / "vs_ptan.json",
 }
 _OPTIONS = ("table", "results", "since", "last")  # the options added by add_options: not part of a run's config
 
