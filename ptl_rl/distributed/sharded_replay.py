@@ -244,10 +244,12 @@ class ShardedReplay(Stage["ShardedReplay"]):
         generator state as of the oldest request in flight, so a resumed run over the same rows draws the same
         batches). Priority updates sent are waited for first, so the saved priorities include them. Shards
         without a ``checkpoint_dir`` are not saved (``"shards": None``; their rows stay where they are), so a
-        pipeline checkpoint still works."""
+        pipeline checkpoint still works. Under DDP only rank 0 saves the shards (they are shared, and rank 0
+        writes the checkpoint): a save by every rank into the same directories would replace rank 0's."""
         self.flush_updates()
+        saves_shards = self.shards.checkpoint_dir is not None and self.rank == 0
         state = {
-            "shards": None if self.shards.checkpoint_dir is None else self.shards.state_dict(),
+            "shards": self.shards.state_dict() if saves_shards else None,
             "batches_sampled": self.batches_sampled,
             "stale_updates": self.stale_updates,
             "applied_updates": self.applied_updates,
@@ -261,15 +263,18 @@ class ShardedReplay(Stage["ShardedReplay"]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load the shards from their saves and the counters; requests and updates in flight are dropped (they
-        were of the rows replaced)."""
+        were of the rows replaced). Under DDP every rank loads rank 0's checkpoint; only a learner of rank 0 (as
+        given before the load, e.g. by ``PipelineCheckpoint``) loads the shards, once, and the others wait for
+        ``warmup`` rows again before they sample, as the shards may still be loading."""
         check_version(state, self.STATE_VERSION, type(self).__name__)
         self._pending.clear()
-        if state["shards"] is not None:
+        loads_shards = state["shards"] is not None and self.rank == 0
+        if loads_shards:
             self.shards.load_state_dict(state["shards"])
         self.batches_sampled = int(state["batches_sampled"])
         self._router.reset(int(state["stale_updates"]), int(state["applied_updates"]))
         self._credit = int(state["credit"])
-        self._warm = bool(state["warm"])
+        self._warm = bool(state["warm"]) and (loads_shards or state["shards"] is None)
         if "rng" in state:  # (version 1 has no stream: the current one goes on)
             self.requests.rank = int(state["rank"])
             self.rng.bit_generator.state = state["rng"]

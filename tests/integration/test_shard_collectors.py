@@ -336,3 +336,36 @@ def test_shards_save_into_their_own_directories_and_a_checkpoint_refers_to_them(
     finally:
         shards.close()
         target.close()
+
+
+def test_under_ddp_only_rank_0_saves_and_loads_the_shared_shards(ray_session, tmp_path) -> None:
+    """Every rank's learner samples the same shards and only rank 0's state is written: a rank-1 state saves no
+    shards (its save would replace rank 0's in the same directories), and a rank-1 learner that loads rank 0's
+    checkpoint leaves the shards to rank 0 (no second load: same incarnations) and waits for warmup rows again."""
+    rows = TransitionBatch(
+        obs=np.arange(60, dtype=np.float32)[:, None], env_id=np.arange(60) % 6, reward=np.zeros(60, np.float32)
+    )
+    shards = ReplayShards(big_prioritized_buffer, K, seed=4, checkpoint_dir=tmp_path / "d")
+    try:
+        writer = shards.writer()
+        writer.add(rows)
+        writer.flush()
+        learners = [ShardedReplay(shards, warmup=60, seed=6, sync_updates=True) for _ in range(2)]
+        learners[1].set_rank(1)
+        for learner in learners:
+            next(learner)
+        first = learners[0].state_dict()
+        save_ids = [save["save_id"] for save in first["shards"]["saves"]]
+        assert learners[1].state_dict()["shards"] is None  # rank 1 saved nothing: rank 0's saves stand
+        lives = [s.incarnation for s in shards.stats()]
+        resumed = ShardedReplay(shards, warmup=60, seed=6, sync_updates=True)
+        resumed.set_rank(1)  # as PipelineCheckpoint assigns it before the restore
+        resumed.load_state_dict(first)
+        assert [s.incarnation for s in shards.stats()] == lives  # not loaded again by rank 1
+        assert not resumed._warm  # it waits for warmup rows, which rank 0's load brings back
+        learners[0].load_state_dict(first)  # rank 0 loads the saves its state names, once
+        assert all(s.incarnation != life for s, life in zip(shards.stats(), lives, strict=True))
+        assert [save["save_id"] for save in first["shards"]["saves"]] == save_ids
+        assert len(resumed.sample(16)) == 16 and len(learners[0].sample(16)) == 16
+    finally:
+        shards.close()
