@@ -33,7 +33,9 @@ frame stacks into a CNN). What makes it Ape-X is where the data lives:
    and the priority updates applied).
 
 New rows get the largest priority stored (the shards' rule), not a priority
-computed in the worker as in the paper.
+computed in the worker as in the paper (a worker's pipeline could attach one
+per row as ``ptl_rl.distributed.INITIAL_PRIORITY_FIELD``). On pixels each
+worker's writer sends every frame once, and the shard rebuilds the stacks.
 """
 
 from __future__ import annotations
