@@ -172,7 +172,7 @@ class _StageRecord(guard.StepRecord):
     def __init__(self, upstream: Any) -> None:
         super().__init__()
         self.numbered_upstream: guard.StepRecord | None
-        if isinstance(upstream, Stage):
+        if isinstance(upstream, Stage) and type(upstream).stream_seq is Stage.stream_seq:  # (not overridden)
             self.numbered_upstream = upstream._guard_record or upstream._new_guard_record()
         elif isinstance(upstream, NumberedStream):
             self.numbered_upstream = _OTHER_STREAM
