@@ -15,6 +15,7 @@ Ray is imported when the shards start (``pip install 'ptl_rl[ray]'``). See ``doc
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,9 @@ from ptl_rl.distributed.replay_shard import BufferFactory, ReplayShard, ShardInf
 from ptl_rl.distributed.shard_writer import ShardWriter, ray_module
 
 _ACTOR_CLASSES: dict[type, Any] = {}
+
+#: How long :meth:`ReplayShards.stats` waits for a restarting shard to answer again.
+RESTART_WAIT_S = 60.0
 
 
 def _actor_class(ray: Any, body: type) -> Any:
@@ -152,7 +156,8 @@ class ReplayShards:
 
     def stats(self) -> list[ShardStats]:
         """Each shard's size, draw mass, rows ever added and incarnation, in shard order (waits for every shard;
-        a shard that died while answering is asked again, once, after its restart)."""
+        a shard that died while answering is asked again until its restart answers, for at most
+        ``RESTART_WAIT_S`` seconds; a shard out of restarts raises Ray's ``ActorDiedError``)."""
         ray = self._ray
         refs = [handle.stats.remote() for handle in self.handles]
         try:
@@ -163,8 +168,21 @@ class ReplayShards:
                 try:
                     stats.append(ray.get(ref))
                 except ray.exceptions.RayActorError:
-                    stats.append(ray.get(handle.stats.remote()))
+                    stats.append(self._stats_after_restart(handle))
         return stats
+
+    def _stats_after_restart(self, handle: Any) -> ShardStats:
+        # A call made while Ray restarts the actor fails at once (ActorUnavailableError) rather than waiting.
+        ray = self._ray
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while True:
+            try:
+                answer: ShardStats = ray.get(handle.stats.remote())
+                return answer
+            except ray.exceptions.ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def rate_counts(self) -> dict[str, int]:
         """The rate limiter's counts: rows granted to writers (``inserts``) and to the learner (``samples``), and

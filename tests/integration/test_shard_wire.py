@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import pickle
+import time
 
 import numpy as np
 import pytest
@@ -56,6 +57,14 @@ def saved_and_loaded(reference: ptl_rl.ReplayBuffer, factory: functools.partial,
     return buffer
 
 
+def wait_for_restart(shards: ReplayShards, shard: int, incarnation: int, timeout: float = 60.0) -> None:
+    """Return once shard ``shard`` answers from a process other than ``incarnation``'s."""
+    deadline = time.monotonic() + timeout
+    while shards.stats()[shard].incarnation == incarnation:
+        assert time.monotonic() < deadline, f"shard {shard} did not restart within {timeout} s of its kill"
+        time.sleep(0.05)
+
+
 def test_pixel_rows_send_each_frame_once_and_store_what_full_rows_store(ray_session, tmp_path) -> None:
     K = 2
     factory = functools.partial(frame_buffer, 1000)  # ~1,200 rows per shard: the ring wraps
@@ -100,13 +109,13 @@ def test_a_shard_killed_drops_the_adds_after_it_until_the_writer_starts_again(ra
         writer.flush()
         incarnation = shards.stats()[1].incarnation
         ray.kill(shards.handles[1], no_restart=False)  # its rows are lost; the adds after it find a gap
+        wait_for_restart(shards, 1, incarnation)  # (the kill is asynchronous: an add sent at once may land before it)
         killed_at = len(parts[1])
         for batch in batches[60:]:
             writer.add(batch)
             for shard, part in split_by_shard(batch, K):
                 parts[shard].append(part)
         writer.flush()
-        assert shards.stats()[1].incarnation != incarnation
         assert writer.rows_stored + writer.rows_dropped == writer.rows_written == sum(len(b) for b in batches)
         # shard 0 holds all its rows, byte for byte
         reference = factory()
