@@ -19,19 +19,25 @@ Operations (the same set-ups as the speed scripts, from the checkout's own
 and a ``BatchSampler`` batch of 256 (``buffer.py``), a prioritized sample of
 256 + update (``prioritized.py``, numpy and torch), and a gradient step in a
 Trainer (``lightning_overhead.py``: manual, automatic, ``batches_per_step=10``;
-the calls of a 600-step fit minus those of a 200-step fit, over 400).
+the calls of a 600-step fit minus those of a 200-step fit, over 400), and
+the examples as ``e2e.py`` runs them (DQN with 1 and 8 envs, PPO with 4: the
+calls of a 20,000-step run minus those of a 12,000-step run, over 8,000).
 Each run appends a record (``_records.py``) to ``benchmarks/results/call_counts.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
+import functools
 import json
 import os
 import pstats
+import runpy
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -118,9 +124,37 @@ def lightning_counts() -> dict[str, dict[str, float]]:
     return out
 
 
+def example_counts() -> dict[str, dict[str, float]]:
+    import e2e  # noqa: PLC0415
+
+    out = {}
+    with tempfile.TemporaryDirectory() as runs:
+        for workload, label in (("dqn", "DQN, 1 env"), ("dqn-8", "DQN, 8 envs"), ("ppo", "PPO, 4 envs")):
+            _, example, envs, extra = e2e.WORKLOADS[workload]
+            calls = {}
+            for steps in (2_000, SHORT, LONG):  # the first run imports what the others find imported
+                command = e2e.ptl_rl_command(example, envs, extra, steps, 1, runs)
+                calls[steps] = counted(functools.partial(run_module, command[2], command[3:]), 1)
+            out[f"{label} example (per env step)"] = {
+                k: (calls[LONG][k] - calls[SHORT][k]) / (LONG - SHORT) for k in calls[LONG]
+            }
+    return out
+
+
+SHORT, LONG = 12_000, 20_000  # env steps of the two example runs (DQN learns from 10k)
+
+
+def run_module(module: str, argv: list[str]) -> None:
+    """``python -m module *argv`` in this process, its output discarded."""
+    sys.argv = [module, *argv]
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        with contextlib.suppress(SystemExit):
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
 def count_all() -> dict[str, dict[str, float]]:
     """Every operation's calls, in this process (run on one checkout by :func:`main`)."""
-    return {**collection_counts(), **replay_counts(), **lightning_counts()}
+    return {**collection_counts(), **replay_counts(), **lightning_counts(), **example_counts()}
 
 
 def run_side(tree: Path) -> dict[str, dict[str, float]]:
