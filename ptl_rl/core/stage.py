@@ -114,7 +114,8 @@ class Stage(Generic[T_co]):
     def consume_cut(self) -> bool:
         """Whether the stream was cut since the last call: a step of this stage was cut short, a stream
         number upstream was skipped, or :meth:`mark_cut` was called. ``True`` once per cut."""
-        return guard.consume_cut(self._guard_record or self._new_guard_record())
+        record = self._guard_record or self._new_guard_record()
+        return record.cut and guard.consume_cut(record)  # (no call while uncut: it runs for every batch)
 
     def mark_cut(self) -> None:
         """Declare the stream cut (a reset of every env): the next output skips a number."""

@@ -344,7 +344,7 @@ class ExperienceSource(Stage[TransitionBatch]):
         raw_reward = reward
         reward = np.asarray(reward, dtype=np.float32)
         if self._finite is not None:
-            self._finite.step(reward, next_obs, obs, self._env_ids, self.total_steps)
+            self._finite.step(reward, next_obs, obs, self._env_ids, self._episodes.total_steps)
         batch = TransitionBatch.wrap(
             {
                 "obs": self._obs,
@@ -378,7 +378,7 @@ class ExperienceSource(Stage[TransitionBatch]):
             if any_done:
                 self._reset_finished(done)
         if self._agent_call.on_env_steps is not None:
-            self._agent_call.on_env_steps(self.total_steps)
+            self._agent_call.on_env_steps(self._episodes.total_steps)  # (the counter, not the property: per step)
         return batch if just_reset is None or len(batch) else None
 
     def _reset_finished(self, done: np.ndarray) -> None:
