@@ -174,12 +174,14 @@ class ReplayShards:
     def _stats_after_restart(self, handle: Any) -> ShardStats:
         # A call made while Ray restarts the actor fails at once (ActorUnavailableError) rather than waiting.
         ray = self._ray
+        # (an older Ray without ActorUnavailableError: any actor error is waited out until the deadline)
+        unavailable = getattr(ray.exceptions, "ActorUnavailableError", ray.exceptions.RayActorError)
         deadline = time.monotonic() + RESTART_WAIT_S
         while True:
             try:
                 answer: ShardStats = ray.get(handle.stats.remote())
                 return answer
-            except ray.exceptions.ActorUnavailableError:
+            except unavailable:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
