@@ -245,9 +245,15 @@ class TransitionBatch(_FieldBatch):
 
     def rows(self, index: np.ndarray | slice) -> TransitionBatch:
         """A new batch with the rows ``index`` (bool mask, int indices or a slice)."""
-        return self._pass_feedback(
-            TransitionBatch({k: tree_map(lambda a: a[index], v) for k, v in self._fields.items()}), index
-        )
+        if type(index) is np.ndarray and index.dtype.kind in "iu":
+            # int indices (every per-step caller): ndarray.take, a third of the cost of [] on small arrays
+            fields = {
+                k: v.take(index, axis=0) if type(v) is np.ndarray else tree_map(lambda a: a[index], v)
+                for k, v in self._fields.items()
+            }
+        else:
+            fields = {k: tree_map(lambda a: a[index], v) for k, v in self._fields.items()}
+        return self._pass_feedback(TransitionBatch.wrap(fields), index)
 
     def to_torch(self, device: torch.device | str | None = None, pin_memory: bool = False) -> TorchBatch:
         """Convert to a :class:`TorchBatch`.

@@ -35,21 +35,21 @@ class EpisodeTracker:
         self._pending: deque[Episode] = deque(maxlen=int(max_pending))
         self.recent: deque[Episode] = deque(maxlen=stats_window)
 
-    def step(self, reward: np.ndarray, done: np.ndarray, any_done: bool, just_reset: np.ndarray | None) -> None:
+    def step(
+        self, reward: np.ndarray, done: np.ndarray, any_done: bool, just_reset: np.ndarray | None, stepped: int
+    ) -> None:
         """Add a step's ``reward`` (float [N], all envs) to the returns; close the episodes that ended.
 
         ``just_reset`` (bool [N] or ``None``) marks the envs whose step only reset them (next-step
-        autoreset): their episode starts after this step.
+        autoreset): their episode starts after this step. ``stepped``: the envs that took a real step.
         """
         self._vector_steps += 1
-        if just_reset is None:
-            self._return += reward
-            self.total_steps += len(reward)
-        else:
-            stepped = ~just_reset
-            self._return[stepped] += reward[stepped]
+        self._return += reward
+        self.total_steps += stepped
+        if just_reset is not None:
+            # a resetting env's return was zeroed when its episode ended: what its reset step adds is dropped
+            self._return[just_reset] = 0.0
             self._start[just_reset] = self._vector_steps
-            self.total_steps += int(np.count_nonzero(stepped))
         if any_done:
             self._close(done.nonzero()[0])
 

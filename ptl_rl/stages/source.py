@@ -345,7 +345,7 @@ class ExperienceSource(Stage[TransitionBatch]):
         reward = np.asarray(reward, dtype=np.float32)
         if self._finite is not None:
             self._finite.step(reward, next_obs, obs, self._env_ids, self._episodes.total_steps)
-        batch = TransitionBatch.wrap(
+        batch: TransitionBatch | None = TransitionBatch.wrap(
             {
                 "obs": self._obs,
                 "action": actions,
@@ -359,16 +359,15 @@ class ExperienceSource(Stage[TransitionBatch]):
             }
         )
         just_reset = self._resetting if self._any_resetting else None
+        stepped = self.num_envs
         if just_reset is not None:
             # these rows only reset their sub-env: (final obs, ignored action, reset obs) is no transition
-            batch = batch.rows((~just_reset).nonzero()[0])
+            keep = (~just_reset).nonzero()[0]
+            stepped = len(keep)
+            batch = batch.rows(keep) if stepped else None  # (one env: a reset step yields nothing)
         # the episode returns add the env's own rewards (float64 for gymnasium's vector envs: no mixed-dtype add)
-        self._episodes.step(
-            raw_reward if type(raw_reward) is np.ndarray and raw_reward.dtype == np.float64 else reward,
-            done,
-            any_done,
-            just_reset,
-        )
+        returns = raw_reward if type(raw_reward) is np.ndarray and raw_reward.dtype == np.float64 else reward
+        self._episodes.step(returns, done, any_done, just_reset, stepped)
         self._obs = obs
         if self.autoreset_mode == NEXT_STEP and self.is_vector:
             self._fresh = just_reset if just_reset is not None else self._no_env
@@ -379,7 +378,7 @@ class ExperienceSource(Stage[TransitionBatch]):
                 self._reset_finished(done)
         if self._agent_call.on_env_steps is not None:
             self._agent_call.on_env_steps(self._episodes.total_steps)  # (the counter, not the property: per step)
-        return batch if just_reset is None or len(batch) else None
+        return batch
 
     def _reset_finished(self, done: np.ndarray) -> None:
         """Reset the sub-envs that ended where the env does not do it itself, and check their observations."""
