@@ -49,6 +49,19 @@ def resync(w: Windows) -> None:
     w._lock_phase, w._quiet = phase, int(lengths.min())
 
 
+def advance(w: Windows, phase: int, quiet: bool) -> None:
+    """After a general fold of a full batch in phase: the next step of every env goes to the next ring position.
+
+    ``quiet``: no env ended, so every window holds one step more (up to ``n - 1``): ``_quiet`` stays a lower
+    bound of the steps every window holds, and the fast path starts once it reaches ``n - 1``.
+    """
+    lo, hi = w._lock_range
+    nxt = int(w._next_position[phase])
+    w._head[lo:hi] = nxt
+    w._lock_phase = nxt
+    w._quiet = w._quiet + 1 if quiet else 0
+
+
 def fold(w: Windows, batch: TransitionBatch, phase: int) -> TransitionBatch:
     """Every env of the source stepped, none ended, every window full: strided copies, no gathers.
 

@@ -44,10 +44,13 @@ class Windows:
         self._discounts = (self.gamma ** np.arange(self.n + 1)).astype(np.float32)
         self._positions = (k[:, None] + k[None, :]) % self.n  # [oldest, j] -> ring position of window step j
         self._next_position = (k + 1) % self.n
+        self._fold_t = np.ascontiguousarray(self._fold.T)
         held = k[None, :] < np.arange(self.n + 1)[:, None]  # [length, j]: step j is in a window of that length
         self._held = held.astype(np.float32)
-        # [whole, length, j]: which window starts j are emitted: every tail at an episode end, else the oldest
-        self._starts = np.stack([held & (k[None, :] == 0), held])
+        # [whole * (n + 1) + length, j]: the steps (length - j) of the window emitted from start j, 0 where none is:
+        # every tail at an episode end (whole), else only the oldest
+        starts = np.concatenate([held & (k[None, :] == 0), held])
+        self._spans = np.where(starts, np.tile(np.arange(self.n + 1)[:, None] - k[None, :], (2, 1)), 0)
         # field -> [E * n, ...] arrays: step j of env e's ring sits in row e * n + j (one flat index per
         # row makes every gather a single ndarray.take)
         self._window: dict[str, Any] | None = None
@@ -101,11 +104,12 @@ class Windows:
     # ------------------------------------------------------------------ folding
     def fold(self, batch: TransitionBatch, one_row_per_env: bool) -> TransitionBatch | None:
         """Add the 1-step rows of ``batch``; returns the n-step rows they complete (``None``: none)."""
-        if not len(batch):
-            return None
         if self.n == 1:
-            return self._pass_through(batch)
-        return self._fold_batch(batch, one_row_per_env)
+            return self._pass_through(batch) if len(batch) else None
+        env_id = np.asarray(batch["env_id"])
+        if not len(env_id):
+            return None
+        return self._fold_batch(batch, env_id, one_row_per_env)
 
     def _pass_through(self, batch: TransitionBatch) -> TransitionBatch:
         """n=1: every step is its own window; only ``reward`` (float32) and ``discount`` (gamma) change."""
@@ -119,8 +123,7 @@ class Windows:
         fields["discount"] = self._gamma_column[:rows]
         return TransitionBatch.wrap(fields)
 
-    def _fold_batch(self, batch: TransitionBatch, one_row_per_env: bool) -> TransitionBatch | None:
-        env_id = np.asarray(batch["env_id"])
+    def _fold_batch(self, batch: TransitionBatch, env_id: np.ndarray, one_row_per_env: bool) -> TransitionBatch | None:
         if not (one_row_per_env and self._sized_for_source):
             self._ensure_capacity(batch, int(env_id.max()) + 1)
             # a source's batches hold (a subset of) the env ids of its first batch: only other input can grow
@@ -136,13 +139,19 @@ class Windows:
         if full_batch:
             ended = np.count_nonzero(batch["terminated"]) or np.count_nonzero(batch["truncated"])
             phase = self._lock_phase
-            if not ended and phase is not None and self._quiet >= self.n - 1:
-                return lockstep.fold(self, batch, phase)
+            if phase is not None:
+                if not ended and self._quiet >= self.n - 1:
+                    return lockstep.fold(self, batch, phase)
+                # every env stepped, in phase, with an episode end or windows not yet full: the general fold, after
+                # which every env is still in phase (the heads all moved on by one)
+                out = self._fold_unique(batch, env_id)
+                lockstep.advance(self, phase, quiet=not ended)
+                return out
         elif self._lock_ids is None:
             if not env_id.flags.writeable:  # a full batch of a source (after a restore, say)
                 lockstep.adopt_ids(self, env_id)
             return self._fold_unique(batch, env_id)
-        # a step with an episode end, windows not yet full, or a batch without some envs (next-step resets)
+        # out of phase, or a batch without some envs (next-step resets): those envs' heads stay behind
         self._lock_phase, self._quiet = None, 0
         out = self._fold_unique(batch, env_id)
         if full_batch and not ended:
@@ -171,15 +180,15 @@ class Windows:
         window = self._window
         assert window is not None  # sized by the first batch, before any fold or emit
         n = self.n
-        head = self._head[env]
+        head = self._head.take(env)
         slots = env * n + head
         # The slot at head is free (a window holds at most n - 1 steps between calls): the write changes
         # no window held, and a snapshot of head and length (see snapshot) undoes the step whole.
         for name, store in window.items():
             tree_assign(store, slots, batch[name])
         tree_assign(self._next_obs, slots, batch["next_obs"])
-        head = self._next_position[head]
-        length = self._length[env] + 1
+        head = self._next_position.take(head)
+        length = self._length.take(env) + 1
 
         done = batch["terminated"] | batch["truncated"]
         if not np.count_nonzero(done):  # the common step: only full windows, no tails
@@ -192,13 +201,13 @@ class Windows:
                 out = None
             else:
                 rows = full.nonzero()[0]
-                out = self._emit_full(env[rows], head[rows], tree_take(batch["next_obs"], rows))
+                out = self._emit_full(env.take(rows), head.take(rows), tree_take(batch["next_obs"], rows))
                 length -= full
         else:
             full = length == n
             rows = (done | full).nonzero()[0]
             if len(rows) < len(env):
-                out = self._emit(env[rows], head[rows], length[rows], done[rows], batch, rows)
+                out = self._emit(env.take(rows), head.take(rows), length.take(rows), done.take(rows), batch, rows)
             else:
                 out = self._emit(env, head, length, done, batch, rows)
             # a full window drops its oldest step; an ended episode empties its window
@@ -241,21 +250,24 @@ class Windows:
         """
         window = self._window
         assert window is not None  # sized by the first batch, before any fold or emit
-        oldest = (head - length) % self.n
-        slots = (env * self.n)[:, None] + self._positions[oldest]  # [R, n] window rows, oldest first
-        rewards = window["reward"].take(slots) * self._held[length]
-        tail_sums = rewards @ self._fold.T  # [R, n]: discounted sum of the window tail starting at step j
-        row, start = self._starts[whole.view(np.uint8), length].nonzero()
-        src_env, src_slot = env[row], slots[row, start]
+        n = self.n
+        # flat indices and ndarray.take throughout: a fraction of the cost of 2-D fancy indexing on small arrays
+        slots = self._window_rows.take(env * n + (head - length) % n, axis=0)  # [R, n] window rows, oldest first
+        rewards = window["reward"].take(slots) * self._held.take(length, axis=0)
+        tail_sums = rewards.dot(self._fold_t)  # [R, n]: discounted sum of the window tail starting at step j
+        spans = self._spans.take(length + whole * (n + 1), axis=0)  # [R, n]: see __init__
+        picked = spans.ravel().nonzero()[0]  # the emitted (row, start j) pairs, flat: row * n + j
+        row = picked // n
         out: dict[str, Any] = {}
+        src_slot = slots.take(picked)
         for name, store in window.items():
             out[name] = tree_take(store, src_slot)
-        out["reward"] = tail_sums[row, start]
-        last = end_rows[row]
+        out["reward"] = tail_sums.take(picked)
+        last = end_rows.take(row)
         for name in ("next_obs", "terminated", "truncated"):
             out[name] = tree_take(ends[name], last)
-        out["discount"] = self._discounts[length[row] - start]
-        out["env_id"] = src_env
+        out["discount"] = self._discounts.take(spans.take(picked))
+        out["env_id"] = env.take(row)
         return TransitionBatch.wrap(out)
 
     def _fold_in_order(self, batch: TransitionBatch, env_id: np.ndarray) -> TransitionBatch | None:
