@@ -4,7 +4,7 @@ Every benchmark run appends one record to ``benchmarks/results/<name>.json``
 (a JSON list, oldest first). A record of ``e2e.py``, ``collection.py``,
 ``buffer.py``, ``prioritized.py``, ``pixels.py``, ``lightning_overhead.py``,
 ``rollout.py``, ``sequence.py``, ``scaleout.py``, ``shard_wire.py``, ``shards.py``,
-``before_after.py``, ``call_counts.py`` and ``vs_ptan.py`` holds:
+``before_after.py``, ``call_counts.py``, ``own_cost.py`` and ``vs_ptan.py`` holds:
 
 ``benchmark``
     the script (and for ``scaleout.py`` its part: ``scaleout dqn``, ...).
@@ -93,13 +93,14 @@ PAGE_TABLES = {
     "README.rst": ("mujoco.py",),
     "docs/design/replay-service.md": ("shards.py",),
     "docs/design/robustness.md": ("guard.py",),
-    "docs/design/layering.md": ("before_after.py", "call_counts.py", "vs_ptan.py"),
+    "docs/design/layering.md": ("before_after.py", "call_counts.py", "own_cost.py", "vs_ptan.py"),
 }
 # a script whose table has no rows until its first record is committed: checked from then on
 AWAITING_RECORDS = {
     "guard.py": RESULTS / "guard.json",
     "before_after.py": RESULTS / "before_after.json",
     "call_counts.py": RESULTS / "call_counts.json",
+    "own_cost.py": RESULTS / "own_cost.json",
     "shards.py": RESULTS / "shards.json",
     "vs_ptan.py": RESULTS / "vs_ptan.json",
 }

@@ -119,7 +119,9 @@ def measure(ptan: Any, vector_steps: int, repeats: int) -> tuple[dict[str, Any],
 
 
 def table(records: list[dict[str, Any]]) -> str:
-    """The docs' table: each regime's rates as ratios of the raw loop, and ptl_rl against Ptan."""
+    """The docs' table: each regime's rates as ratios of the raw loop, and ptl_rl against Ptan, from the latest
+    record (the code measured changes between runs: a range over them would mix versions)."""
+    records = records[-1:]
     cell, rows = _records.cell, []
     for regime in REGIMES:
         held = _records.having(records, regime)
