@@ -345,7 +345,7 @@ class ExperienceSource(Stage[TransitionBatch]):
         reward = np.asarray(reward, dtype=np.float32)
         if self._finite is not None:
             self._finite.step(reward, next_obs, obs, self._env_ids, self._episodes.total_steps)
-        batch: TransitionBatch | None = TransitionBatch.wrap(
+        full = TransitionBatch.wrap(
             {
                 "obs": self._obs,
                 "action": actions,
@@ -359,12 +359,13 @@ class ExperienceSource(Stage[TransitionBatch]):
             }
         )
         just_reset = self._resetting if self._any_resetting else None
+        batch: TransitionBatch | None = full
         stepped = self.num_envs
         if just_reset is not None:
             # these rows only reset their sub-env: (final obs, ignored action, reset obs) is no transition
             keep = (~just_reset).nonzero()[0]
             stepped = len(keep)
-            batch = batch.rows(keep) if stepped else None  # (one env: a reset step yields nothing)
+            batch = full.rows(keep) if stepped else None  # (one env: a reset step yields nothing)
         # the episode returns add the env's own rewards (float64 for gymnasium's vector envs: no mixed-dtype add)
         returns = raw_reward if type(raw_reward) is np.ndarray and raw_reward.dtype == np.float64 else reward
         self._episodes.step(returns, done, any_done, just_reset, stepped)
