@@ -112,20 +112,22 @@ def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _git(*args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+def _git(*args: str, root: Path = ROOT) -> str:
+    done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
     return done.stdout.rstrip("\n") if done.returncode == 0 else ""  # porcelain lines start with a space
 
 
-def changed_files(paths: Sequence[str] = ()) -> list[str]:
-    """Tracked files (under ``paths``, or anywhere) that differ from HEAD."""
-    out = _git("status", "--porcelain", "-uno", "--", *paths)
+def changed_files(paths: Sequence[str] = (), root: Path = ROOT) -> list[str]:
+    """Tracked files (under ``paths``, or anywhere) of the checkout ``root`` that differ from its HEAD."""
+    out = _git("status", "--porcelain", "-uno", "--", *paths, root=root)
     return [line[3:] for line in out.splitlines() if line.strip()]
 
 
-def commit(paths: Sequence[str] = ()) -> str:
-    """The short HEAD, with ``-dirty`` when tracked files (under ``paths``, or anywhere) differ from it."""
-    return (_git("rev-parse", "--short", "HEAD") or "unknown") + ("-dirty" if changed_files(paths) else "")
+def commit(paths: Sequence[str] = (), root: Path = ROOT) -> str:
+    """The short HEAD of ``root`` (this checkout), with ``-dirty`` when tracked files (under ``paths``, or
+    anywhere) differ from it."""
+    dirty = "-dirty" if changed_files(paths, root) else ""
+    return (_git("rev-parse", "--short", "HEAD", root=root) or "unknown") + dirty
 
 
 def cpu_model() -> str:
@@ -224,6 +226,18 @@ def _shown(path: Path) -> str:
         return str(path.resolve().relative_to(ROOT))
     except ValueError:
         return str(path)
+
+
+def add_checkouts(parser: argparse.ArgumentParser, before_help: str = "checkout of the code before the change") -> None:
+    """``--before`` and ``--after``: the two checkouts a comparing script (``before_after.py``, ...) runs on."""
+    parser.add_argument("--before", type=Path, help=before_help)
+    parser.add_argument("--after", type=Path, default=ROOT, help="checkout of the code after it (this one)")
+
+
+def require_before(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A comparing run needs ``--before`` (only ``--table`` goes without)."""
+    if args.before is None:
+        parser.error("--before PATH is required (a checkout of the earlier code)")
 
 
 def add_options(parser: argparse.ArgumentParser, name: str) -> None:

@@ -41,8 +41,6 @@ from typing import Any
 
 import _records
 
-REPO = Path(__file__).resolve().parents[1]
-
 # (name, script, arguments, [(figure, key path in the record's medians, higher is better)])
 SPECS: list[tuple[str, str, list[str], list[tuple[str, str, bool]]]] = [
     (
@@ -170,8 +168,7 @@ def table(records: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", type=Path, help="checkout of the code before the change")
-    parser.add_argument("--after", type=Path, default=REPO, help="checkout of the code after it (this one)")
+    _records.add_checkouts(parser)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cleanrl", type=Path, default=None, help="CleanRL checkout: also run e2e.py")
     parser.add_argument("--only", nargs="+", default=None, choices=[name for name, *_ in SPECS])
@@ -180,8 +177,7 @@ def main() -> None:
     if args.table:
         print(table(_records.select(args)))
         return
-    if args.before is None:
-        parser.error("--before PATH is required (a checkout of the earlier code)")
+    _records.require_before(parser, args)
     run = _records.Run("before_after", {**vars(args), "before": str(args.before), "after": str(args.after)},
                        args.results)  # fmt: skip
     specs = [s for s in SPECS if (args.only is None or s[0] in args.only) and (s[0] != "e2e" or args.cleanrl)]

@@ -44,8 +44,6 @@ from typing import Any
 
 import _records
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 def counted(fn: Callable[[], Any], times: int) -> dict[str, float]:
     """Calls per ``fn()`` (Python functions and calls into C), over ``times`` calls."""
@@ -188,15 +186,13 @@ def main() -> None:
         print(json.dumps(count_all()))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", type=Path, help="checkout of the code before the change")
-    parser.add_argument("--after", type=Path, default=REPO, help="checkout of the code after it (this one)")
+    _records.add_checkouts(parser)
     _records.add_options(parser, "call_counts")
     args = parser.parse_args()
     if args.table:
         print(table(_records.select(args)))
         return
-    if args.before is None:
-        parser.error("--before PATH is required (a checkout of the earlier code)")
+    _records.require_before(parser, args)
     config = {"before": str(args.before), "after": str(args.after)}
     run = _records.Run("call_counts", config, args.results)
     sides = {side: run_side(path.resolve()) for side, path in (("before", args.before), ("after", args.after))}

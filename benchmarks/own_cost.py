@@ -39,7 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+import _records
+
 CONFIG = ("before", "after", "rounds", "processes", "steps")
 OPERATIONS = [
     *(
@@ -253,8 +254,6 @@ def table(records: list[dict]) -> str:
     """The design record's tables, from the records: the latest comparison of two checkouts, per operation each
     side's microseconds and before / after; then the latest run of one checkout against itself (the harness's
     resolution: the same code on both sides)."""
-    import _records  # noqa: PLC0415
-
     header = ["own cost", "before", "after", "before / after", "rounds after cheaper", "run (UTC)"]
     tables = []
     for same in (False, True):
@@ -278,21 +277,12 @@ def table(records: list[dict]) -> str:
     return "\n\n".join(tables)
 
 
-def tree_commit(tree: Path) -> str:
-    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "-uno"], capture_output=True, text=True)
-    return done.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-
-
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "_worker":
         worker(int(sys.argv[2]))
         return
-    import _records  # noqa: PLC0415
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", type=Path, help="checkout of the code before the change (kernels built)")
-    parser.add_argument("--after", type=Path, default=REPO, help="checkout of the code after it (this one)")
+    _records.add_checkouts(parser, "checkout of the code before the change (kernels built)")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--processes", type=int, default=6, help="fresh worker pairs the rounds are spread over")
     parser.add_argument("--steps", type=int, default=2000, help="vector steps replayed per collection repeat")
@@ -301,8 +291,7 @@ def main() -> None:
     if args.table:
         print(table(_records.select(args)))
         return
-    if args.before is None:
-        parser.error("--before PATH is required (a checkout of the earlier code)")
+    _records.require_before(parser, args)
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k in CONFIG}
     run = _records.Run("own_cost", config, args.results)
     repeats = measure(args.before, args.after, args.rounds, args.steps, args.processes)
@@ -312,7 +301,8 @@ def main() -> None:
             f"{operation:58s} before {m['before_us']:8.1f}  after {m['after_us']:8.1f}  "
             f"before/after {m['before_over_after']:.2f}  ({m['rounds_after_cheaper']:.0%} of rounds after cheaper)"
         )
-    run.save(medians, repeats, before_commit=tree_commit(args.before), after_commit=tree_commit(args.after))
+    sides = {f"{side}_commit": _records.commit(root=getattr(args, side)) for side in ("before", "after")}
+    run.save(medians, repeats, **sides)
 
 
 if __name__ == "__main__":
