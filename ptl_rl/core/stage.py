@@ -59,7 +59,6 @@ class Stage(Generic[T_co]):
     """
 
     upstream: Iterator[Any] | None
-    clock: StageClock
 
     def __init__(self, upstream: Iterator[Any] | None = None) -> None:
         self.upstream = upstream
@@ -153,11 +152,12 @@ class Stage(Generic[T_co]):
         record = self._guard_record = _StageRecord(self.upstream)
         return record
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "clock":  # created on first use, named after the class
-            clock = self.__dict__["clock"] = StageClock(type(self).__name__, "items")
-            return clock
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    # A stage that sets no clock of its own gets one named after its class on first use. A cached property,
+    # not __getattr__: a class with __getattr__ loses CPython's fast attribute lookups on every self.x of
+    # every subclass (measured: a fifth of the n-step stage's instructions per step)
+    @functools.cached_property
+    def clock(self) -> StageClock:
+        return StageClock(type(self).__name__, "items")
 
 
 class _StageRecord(guard.StepRecord):
