@@ -49,8 +49,23 @@ def resync(w: Windows) -> None:
     w._lock_phase, w._quiet = phase, int(lengths.min())
 
 
+def absent_are_empty(w: Windows, env_id: np.ndarray) -> bool:
+    """Whether a batch with the rows ``env_id`` (some of the lockstep envs) leaves out only envs whose window is empty.
+
+    Such an env holds nothing, so its head may move on with the others' (:func:`advance`): a next-step
+    autoreset drops exactly the rows of the envs whose episode ended the step before.
+    """
+    lo, hi = w._lock_range
+    if not len(env_id) or int(env_id.min()) < lo or int(env_id.max()) >= hi:
+        return False
+    held = w._length[lo:hi] > 0
+    held[env_id - lo] = False
+    return not held.any()
+
+
 def advance(w: Windows, phase: int, quiet: bool) -> None:
-    """After a general fold of a full batch in phase: the next step of every env goes to the next ring position.
+    """After a general fold of a batch in phase (every env, or all but envs whose window is empty): the next
+    step of every env goes to the next ring position.
 
     ``quiet``: no env ended, so every window holds one step more (up to ``n - 1``): ``_quiet`` stays a lower
     bound of the steps every window holds, and the fast path starts once it reaches ``n - 1``.

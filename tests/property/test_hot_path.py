@@ -134,6 +134,26 @@ def test_lockstep_path_is_taken_and_matches_the_general_path(lockstep_calls) -> 
         np.testing.assert_array_equal(a[name][key_a], b[name][key_b], err_msg=name)  # bit for bit
 
 
+def test_lockstep_path_resumes_after_each_next_step_reset(lockstep_calls) -> None:
+    """Staggered episode ends under next-step autoreset: each end leaves the lockstep path for at most n + 1 steps.
+
+    The step after an end holds no row of the env that only resets; that env's window is empty, so
+    the other envs stay in phase with it and the fast path resumes once its window is full again.
+    """
+    layouts = [[(40, TERM), (25, TRUNC), (60, TERM)], [(33, TRUNC), (30, TERM), (70, TRUNC)], [(50, BOTH), (80, TERM)]]
+    n = 3
+    env = make_env(layouts, "NextStep", reward_seed=5)
+    source = ExperienceSource(env, ScriptedAgent(3, seed=5), seed=5)
+    batches = list(scripted_batches(source, layouts, 30))
+    ends = sum(int(np.count_nonzero(b["terminated"] | b["truncated"])) for b in batches)
+    nstep = NStepTransform(None, n, 0.9)
+    outputs = [nstep.fold(b, one_row_per_env=True) for b in batches]
+    outputs.append(nstep.flush())
+    assert_matches_reference(outputs, reference_nstep(env_attr(env, "record"), n, 0.9))
+    general = len(batches) - len(lockstep_calls)
+    assert general <= (n + 1) * (ends + 1), f"{general} of {len(batches)} steps off the lockstep path, {ends} ends"
+
+
 def test_lockstep_path_survives_an_interrupt_and_a_restore(lockstep_calls) -> None:
     """An interrupt inside the lockstep fold, then a restore: the windows flush as truncated, no row is wrong."""
     layouts = [[(30, TERM)], [(30, TRUNC)]]
