@@ -59,6 +59,7 @@ class Stage(Generic[T_co]):
     """
 
     upstream: Iterator[Any] | None
+    clock: StageClock
 
     def __init__(self, upstream: Iterator[Any] | None = None) -> None:
         self.upstream = upstream
@@ -149,15 +150,15 @@ class Stage(Generic[T_co]):
         return record if record is not None else self._new_guard_record()
 
     def _new_guard_record(self) -> _StageRecord:
+        if not hasattr(self, "clock"):
+            # a stage that keeps no clock of its own gets one named after its class, here, at its first use.
+            # Neither __getattr__ nor a descriptor on the class: either one takes CPython's specialized
+            # attribute lookups from every stage (callgrind: __getattr__ cost a fifth of the n-step stage's
+            # instructions per step)
+            self.clock = StageClock(type(self).__name__, "items")
         record = self._guard_record = _StageRecord(self.upstream)
         return record
 
-    # A stage that sets no clock of its own gets one named after its class on first use. A cached property,
-    # not __getattr__: a class with __getattr__ loses CPython's fast attribute lookups on every self.x of
-    # every subclass (measured: a fifth of the n-step stage's instructions per step)
-    @functools.cached_property
-    def clock(self) -> StageClock:
-        return StageClock(type(self).__name__, "items")
 
 
 class _StageRecord(guard.StepRecord):
