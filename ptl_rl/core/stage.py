@@ -160,7 +160,6 @@ class Stage(Generic[T_co]):
         return record
 
 
-
 class _StageRecord(guard.StepRecord):
     """A stage's :class:`~ptl_rl.core.guard.StepRecord`, plus where its upstream's stream numbers are read.
 
