@@ -8,7 +8,7 @@ with and without the mechanism (``ptl_rl/core/guard.py``):
   a prebuilt batch and returns it) against a plain iterator doing the same:
   the guard's record, the stream numbering and the stage's clock.
 * ``n-step snapshot``: ``Windows.snapshot()`` of an ``NStepTransform(n=3)``
-  holding the windows of 8 CartPole envs (copies of head and length [8],
+  holding the windows of 8 CartPole envs (head and length [8] as bytes,
   references to the rest): what every n-step step pays to be undone.
 * ``add``: ``ReplayBuffer.add`` of 8 CartPole-shaped 3-step rows (a journaled
   write: the storage's snapshot, the record) against ``ArrayStorage.add`` of
@@ -118,6 +118,9 @@ LABELS = {
 
 
 def table(records: list[dict]) -> str:
+    """The docs' table, from the latest record (the code measured changes between runs: a range over them
+    would mix versions; earlier records stay in the file as history)."""
+    records = records[-1:]
     rows_, cell = [], _records.cell
     for key, (label, guarded, plain) in LABELS.items():
         held = _records.having(records, guarded)
