@@ -152,9 +152,9 @@ class Stage(Generic[T_co]):
     def _new_guard_record(self) -> _StageRecord:
         if not hasattr(self, "clock"):
             # a stage that keeps no clock of its own gets one named after its class, here, at its first use.
-            # Neither __getattr__ nor a descriptor on the class: either one takes CPython's specialized
-            # attribute lookups from every stage (callgrind: __getattr__ cost a fifth of the n-step stage's
-            # instructions per step)
+            # Neither __getattr__ nor a descriptor on the class: __getattr__ takes CPython's specialized attribute
+            # lookups from every self.x of every stage (callgrind: 8 % of the instructions of a vector step of
+            # source + 3-step), a descriptor those of self.clock
             self.clock = StageClock(type(self).__name__, "items")
         record = self._guard_record = _StageRecord(self.upstream)
         return record
