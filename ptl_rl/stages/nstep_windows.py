@@ -81,28 +81,42 @@ class Windows:
 
     # ------------------------------------------------------------------ guard
     def snapshot(self) -> tuple[Any, ...]:
-        """What a fold may change: head and length (written in place) as bytes, the rest by reference.
+        """What a fold may change of what the windows hold: head and length (written in place) as bytes, the
+        rings by reference (a growth replaces them), and an undo list for slots a fold overwrites.
 
         A fold writes each step into its env's free slot, which no window held at the snapshot; only a
         batch holding several steps of one env (:meth:`_fold_in_order`) writes into a slot that an
         earlier step of the same fold freed, so it logs what it overwrites in the snapshot's undo list.
+        Everything else a fold changes follows from these (the ``[E, n]`` views, the tables sized with the
+        rings) or is found again (the lockstep state), and :meth:`restore` rebuilds it rather than this
+        method saving it, because this runs before every step (a copy of every attribute was the dearest part of
+        the guard's cost with one env: docs/design/robustness.md). The lockstep path needs no saved state
+        of its own: a restore leaves it, as :meth:`load_state_dict` does, until the envs are back in phase.
         """
         undo: list[tuple[list[Any], np.ndarray, list[Any]]] = []
         self._undo = undo
-        # every attribute by reference (a fold replaces what it grows), head and length as bytes (cheaper than
-        # two array copies, and __dict__.copy() than dict(vars(self)): this runs before every step)
-        return undo, self._head.tobytes(), self._length.tobytes(), self.__dict__.copy()
+        return undo, self._head.tobytes(), self._length.tobytes(), self._window, self._next_obs
 
     def restore(self, snapshot: tuple[Any, ...]) -> None:
         """Put back a :meth:`snapshot`: a fold cut short is undone whole (idempotent, so a cut restore reruns)."""
-        for stores, slots, saved in reversed(snapshot[0]):
+        undo, head, length, window, next_obs = snapshot
+        for stores, slots, saved in reversed(undo):
             for store, values in zip(stores, saved, strict=True):
                 tree_assign(store, slots, values)
-        for name, value in snapshot[3].items():
-            setattr(self, name, value)
+        self._window, self._next_obs = window, next_obs
         # fresh arrays each time: a restore cut short and run again starts from the same bytes
-        self._head = np.frombuffer(snapshot[1], dtype=np.int64).copy()
-        self._length = np.frombuffer(snapshot[2], dtype=np.int64).copy()
+        self._head = np.frombuffer(head, dtype=np.int64).copy()
+        self._length = np.frombuffer(length, dtype=np.int64).copy()
+        self._derive()
+
+    def _derive(self) -> None:
+        """Rebuild what follows from the rings (after a restore or a load): the tables sized with them, and
+        the lockstep state as unknown (the general path runs until the envs are back in one phase)."""
+        size = len(self._length)
+        self._scratch = np.zeros(size, dtype=np.int64)
+        self._window_rows, self._no_end, self._full_discount = self._constants(size)
+        self._sized_for_source = False  # the rings may be sized for fewer envs than the upstream has
+        self._lock_ids, self._lock_range, self._lock_phase, self._quiet, self._views = None, (0, 0), None, 0, None
 
     # ------------------------------------------------------------------ folding
     def fold(self, batch: TransitionBatch, one_row_per_env: bool) -> TransitionBatch | None:
@@ -362,22 +376,19 @@ class Windows:
         return np.arange(len(self._head)) * self.n + (self._head - 1) % self.n
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._sized_for_source = False  # the restored windows may be sized for fewer envs than the upstream has
-        self._lock_ids, self._lock_phase, self._quiet, self._views = None, None, 0, None
         if state["window"] is None:
-            self._window = None
+            self._window, self._next_obs = None, None
             self._head = np.zeros(0, dtype=np.int64)
             self._length = np.zeros(0, dtype=np.int64)
-            return
-        to_np = lambda t: t.numpy().copy()  # noqa: E731
-        self._window = {name: tree_map(to_np, store) for name, store in state["window"].items()}
-        self._head = to_np(state["head"]).astype(np.int64, copy=False)  # (int64: what snapshot's bytes hold)
-        self._length = to_np(state["length"]).astype(np.int64, copy=False)
-        last_next_obs = tree_map(to_np, state["last_next_obs"])
-        self._next_obs = tree_map(lambda a: np.zeros((len(a) * self.n, *a.shape[1:]), a.dtype), last_next_obs)
-        tree_assign(self._next_obs, self._last_slots(), last_next_obs)
-        self._scratch = np.zeros(len(self._length), dtype=np.int64)
-        self._window_rows, self._no_end, self._full_discount = self._constants(len(self._length))
+        else:
+            to_np = lambda t: t.numpy().copy()  # noqa: E731
+            self._window = {name: tree_map(to_np, store) for name, store in state["window"].items()}
+            self._head = to_np(state["head"]).astype(np.int64, copy=False)  # (int64: what snapshot's bytes hold)
+            self._length = to_np(state["length"]).astype(np.int64, copy=False)
+            last_next_obs = tree_map(to_np, state["last_next_obs"])
+            self._next_obs = tree_map(lambda a: np.zeros((len(a) * self.n, *a.shape[1:]), a.dtype), last_next_obs)
+            tree_assign(self._next_obs, self._last_slots(), last_next_obs)
+        self._derive()
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:
