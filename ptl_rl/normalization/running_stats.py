@@ -1,8 +1,9 @@
 """Running mean and variance: exact, mergeable, and the same on every DDP rank after a sync.
 
 :class:`Moments` is an immutable value (count, mean, sum of squared deviations),
-so a stage can compute the next one and commit it in one assignment (an
-interrupt lands before or after, never half way). Merging uses the pairwise
+so the statistics after a batch are computed and checked aside, and made
+current only once they pass (refused rows change nothing; a stage's step cut
+short is put back by the guard, :mod:`ptl_rl.core.guard`). Merging uses the pairwise
 formula of Chan, Golub and LeVeque, which is exact for any split of the data:
 folding a trajectory batch by batch, or the data of several ranks in rank
 order, gives the mean and variance of all of it at once (up to float64
@@ -165,7 +166,7 @@ class RunningStatistics:
     """The moments of every row added here, plus those of other ranks as of the last :meth:`sync`.
 
     :attr:`moments` is what a normalizer uses: ``synced`` merged with ``local``.
-    Assigning the whole object state happens in :meth:`_commit`, one statement.
+    :meth:`with_rows` computes and checks the statistics after some rows; :meth:`commit` makes them current.
     """
 
     def __init__(self) -> None:
@@ -196,7 +197,7 @@ class RunningStatistics:
         return local, moments
 
     def commit(self, local: Moments, moments: Moments) -> None:
-        """Make a pair computed by :meth:`with_rows` current (one tuple assignment)."""
+        """Make a pair computed (and checked) by :meth:`with_rows` current."""
         if self.synced is None:
             self.synced = Moments.empty(moments.shape)
         self.local, self.moments = local, moments

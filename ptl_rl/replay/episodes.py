@@ -77,6 +77,12 @@ class EpisodePlan(NamedTuple):
     finished_length: np.ndarray  # ... and their episode's length
 
 
+# what load_state_dict replaces: every array and counter of an index of the same capacity
+_INDEX_STATE = (
+    "step", "prev", "start", "length", "order", "order_written", "written", "last_slot", "env_steps", "first_written",
+)  # fmt: skip
+
+
 class EpisodeIndex:
     """Episode boundaries of the steps in a ring of ``capacity`` slots (see the module docstring).
 
@@ -275,14 +281,12 @@ class EpisodeIndex:
 
         Idempotent: every write is an assignment of values fixed in the plan.
         """
-        # (one call: the counters and per-env arrays never disagree with each other)
-        self.__dict__.update(
-            written=plan.written,
-            order_written=plan.order_written,
-            last_slot=plan.last_slot,
-            env_steps=plan.env_steps,
-            first_written=plan.first_written,
-        )
+        # a cut anywhere below is finished by running the whole plan again (the journal's redo phase)
+        self.written = plan.written
+        self.order_written = plan.order_written
+        self.last_slot = plan.last_slot
+        self.env_steps = plan.env_steps
+        self.first_written = plan.first_written
         self.step[plan.slots] = plan.step
         self.prev[plan.slots] = plan.prev
         self.length[plan.lost] = 0
@@ -355,4 +359,5 @@ class EpisodeIndex:
         fresh.last_slot = state["last_slot"].numpy().copy()
         fresh.env_steps = state["env_steps"].numpy().copy()
         fresh.first_written = state["first_written"].numpy().copy()
-        self.__dict__.update(fresh.__dict__)
+        for name in _INDEX_STATE:  # the loaded index replaces this one's arrays and counters, all of them
+            setattr(self, name, getattr(fresh, name))
