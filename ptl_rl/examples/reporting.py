@@ -255,7 +255,9 @@ class EnvStepsProgressBar(TQDMProgressBar):
     stores every value as a float tensor (9808.0) and only every
     ``every_n_steps`` batches; the bar's last refresh (at the end of the epoch,
     also when a limit stops training) then showed a count older than the
-    summary's. This bar reads the count from the source whenever it refreshes.
+    summary's. This bar reads the count from the source whenever it refreshes,
+    and hands it to tqdm as text: tqdm writes a number in the shorter of its
+    ``.3g`` form and its digits, so 10,000 env steps showed as ``1e+4``.
     """
 
     def __init__(self, source: EpisodeSource | None, refresh_rate: int) -> None:
@@ -265,7 +267,7 @@ class EnvStepsProgressBar(TQDMProgressBar):
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
         if self.source is not None and "env_steps" in metrics:
-            metrics["env_steps"] = int(self.source.total_steps)
+            metrics["env_steps"] = str(int(self.source.total_steps))
         return metrics
 
 

@@ -634,3 +634,20 @@ def test_dqn_atari_films_the_colour_screen_of_the_env_its_agent_sees_preprocesse
     obs, _ = env.reset(seed=0)
     assert obs.shape == (4, 84, 84) and env.render().shape == (210, 160, 3)
     assert dqn_atari.make_single_env("ALE/Pong-v5", 4).render_mode is None  # the training envs never render
+
+
+def test_the_progress_bar_shows_env_steps_as_digits(monkeypatch):
+    # tqdm writes a number in the shorter of its .3g form and its digits: 10,000 as 1e+4
+    import io
+    from types import SimpleNamespace
+
+    from tqdm import tqdm
+
+    from ptl_rl.examples.reporting import EnvStepsProgressBar
+
+    lightnings_bar = EnvStepsProgressBar.__mro__[1]  # TQDMProgressBar of the Lightning package the examples use
+    monkeypatch.setattr(lightnings_bar, "get_metrics", lambda self, trainer, module: {"env_steps": 9808.0})
+    bar = EnvStepsProgressBar(SimpleNamespace(total_steps=10_000), refresh_rate=1)  # type: ignore[arg-type]
+    shown = tqdm(total=1, file=io.StringIO())
+    shown.set_postfix(bar.get_metrics(None, None))  # type: ignore[arg-type]
+    assert "env_steps=10000" in shown.postfix
