@@ -7,7 +7,8 @@ arrays viewed as ``[E, n, ...]`` instead of gathers and scatters; the rows
 are bit for bit those of the general path (:class:`~ptl_rl.stages.nstep_windows.Windows`).
 These functions change only the lockstep state of a ``Windows``
 (``_lock_ids``, ``_lock_range``, ``_lock_phase``, ``_quiet``, ``_views``) and
-the head it writes, all of which its snapshot covers.
+the head it writes. The snapshot saves the head; a restore forgets the
+lockstep state, which the next full steps find again (``Windows.restore``).
 """
 
 from __future__ import annotations
